@@ -1,0 +1,101 @@
+"""Building masks and biases for eager adapters from a Spec (shared by naive, sdpa and the zoo).
+
+These are adapter-side helpers: the float64 reference has its own, independent implementation.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..spec import Spec
+
+
+def positional_visibility(lq: int, lk: int, spec: Spec, device) -> Optional[torch.Tensor]:
+    """(Lq, Lk) bool: causal and window visibility, or None when everything is visible."""
+    if spec.causal == "none" and spec.window is None:
+        return None
+    i = torch.arange(lq, device=device)[:, None]
+    j = torch.arange(lk, device=device)[None, :]
+    off = lk - lq
+    vis = torch.ones(lq, lk, dtype=torch.bool, device=device)
+    if spec.causal == "top_left":
+        vis = vis & (j <= i)
+    elif spec.causal == "bottom_right":
+        vis = vis & (j <= i + off)
+    if spec.window is not None:
+        left, right = spec.window
+        if left >= 0:
+            vis = vis & (j >= i + off - left)
+        if right >= 0:
+            vis = vis & (j <= i + off + right)
+    return vis
+
+
+def alibi_bias(lq: int, lk: int, slopes, b: int, hq: int, device) -> torch.Tensor:
+    """(B, Hq, Lq, Lk) float32: -slope * |i + Lk - Lq - j|."""
+    s = torch.as_tensor(slopes, device=device, dtype=torch.float32)
+    s = s.view(1, hq) if s.dim() == 1 else s.view(b, hq)
+    i = torch.arange(lq, device=device, dtype=torch.float32)[:, None]
+    j = torch.arange(lk, device=device, dtype=torch.float32)[None, :]
+    return -s[:, :, None, None] * (i + (lk - lq) - j).abs()
+
+
+def varlen_visibility(spec: Spec, lq: int, lk: int, device) -> torch.Tensor:
+    """(Lq, Lk) bool for a packed batch: segment i of queries sees segment i of keys (causal/window inside)."""
+    cq = torch.as_tensor(spec.cu_seqlens_q).tolist()
+    ck = torch.as_tensor(spec.cu_seqlens_k).tolist()
+    vis = torch.zeros(lq, lk, dtype=torch.bool, device=device)
+    inner = spec.replace(cu_seqlens_q=None, cu_seqlens_k=None)
+    for q0, q1, k0, k1 in zip(cq, cq[1:], ck, ck[1:]):
+        if q1 > q0 and k1 > k0:
+            pv = positional_visibility(q1 - q0, k1 - k0, inner, device)
+            vis[q0:q1, k0:k1] = True if pv is None else pv
+    return vis
+
+
+def varlen_alibi_distance(spec: Spec, lq: int, lk: int, device) -> torch.Tensor:
+    """(Lq, Lk) float32 |i + Lk_seg - Lq_seg - j| in segment-local coordinates (0 across segments)."""
+    cq = torch.as_tensor(spec.cu_seqlens_q).tolist()
+    ck = torch.as_tensor(spec.cu_seqlens_k).tolist()
+    dist = torch.zeros(lq, lk, dtype=torch.float32, device=device)
+    for q0, q1, k0, k1 in zip(cq, cq[1:], ck, ck[1:]):
+        i = torch.arange(q1 - q0, device=device, dtype=torch.float32)[:, None]
+        j = torch.arange(k1 - k0, device=device, dtype=torch.float32)[None, :]
+        dist[q0:q1, k0:k1] = (i + (k1 - k0) - (q1 - q0) - j).abs()
+    return dist
+
+
+def score_bias_and_visibility(spec: Spec, b: int, hq: int, lq: int, lk: int, device):
+    """Everything added to / hiding scores: returns (bias float32 (B,Hq,Lq,Lk) or None, visible bool or None)."""
+    bias = None
+    if spec.is_varlen:
+        vis = varlen_visibility(spec, lq, lk, device)
+        if spec.alibi_slopes is not None:
+            s = torch.as_tensor(spec.alibi_slopes, device=device, dtype=torch.float32)
+            s = s.view(1, hq) if s.dim() == 1 else s.view(b, hq)
+            bias = -s[:, :, None, None] * varlen_alibi_distance(spec, lq, lk, device)
+    else:
+        vis = positional_visibility(lq, lk, spec, device)
+        if spec.alibi_slopes is not None:
+            bias = alibi_bias(lq, lk, spec.alibi_slopes, b, hq, device)
+    if spec.attn_mask is not None:
+        m = spec.attn_mask.to(device)
+        if m.dtype == torch.bool:
+            vis = m if vis is None else (vis & m)
+        else:
+            bias = m.float() if bias is None else bias + m.float()
+    return bias, vis
+
+
+def keep_mask(spec: Spec, shape, device) -> Optional[torch.Tensor]:
+    """A reproducible dropout keep-mask from spec.seed (for adapters that return theirs)."""
+    if spec.dropout_p <= 0:
+        return None
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(int(spec.seed or 0))
+    return (torch.rand(shape, generator=gen) >= spec.dropout_p).to(device)
+
+
+NEG_INF = -math.inf

@@ -1,0 +1,179 @@
+"""The adapter contract: `@av.adapter(name, **claims)` turns a function into an `Adapter`.
+
+Every keyword defaults to the least claim (fp32 only, cpu only, no optional feature, no backward),
+so an adapter is never tested on something it did not promise.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional, Tuple, Union
+
+import torch
+
+from ..spec import CAUSAL_MODES, FULLY_MASKED_MODES
+
+KNOWN_DTYPES = ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2")
+KNOWN_DEVICES = ("cpu", "cuda")
+MEMORY_MODES = ("quadratic", "linear")
+DEFAULT_HEAD_DIMS = (16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class Claims:
+    dtypes: Tuple[str, ...] = ("float32",)
+    devices: Tuple[str, ...] = ("cpu",)
+    head_dims: Union[Tuple[int, ...], Callable[[int], bool]] = DEFAULT_HEAD_DIMS
+    max_seqlen: int = 4096
+    causal: Tuple[str, ...] = ("none",)
+    window: bool = False
+    softcap: bool = False
+    alibi: bool = False
+    attn_mask: bool = False
+    gqa: bool = False
+    varlen: bool = False
+    dropout: bool = False
+    backward: bool = False
+    lse: bool = False
+    dv_ne_d: bool = False  # value head dim may differ from the query/key head dim
+    fully_masked: str = "unsupported"
+    deterministic: bool = False
+    tiles: Optional[Tuple[int, int]] = None
+    memory: str = "quadratic"
+
+    def head_dim_ok(self, d: int) -> bool:
+        hd = self.head_dims
+        return bool(hd(d)) if callable(hd) else d in hd
+
+    def head_dim_choices(self, candidates: Iterable[int]) -> Tuple[int, ...]:
+        return tuple(d for d in candidates if self.head_dim_ok(d))
+
+    def feature(self, name: str) -> bool:
+        if name == "causal":
+            return any(c != "none" for c in self.causal)
+        return bool(getattr(self, name))
+
+    def summary(self) -> str:
+        feats = [f for f in ("window", "softcap", "alibi", "attn_mask", "gqa", "varlen", "dropout", "backward", "lse", "deterministic") if getattr(self, f)]
+        hd = "predicate" if callable(self.head_dims) else ",".join(map(str, self.head_dims))
+        causal = "/".join(c for c in self.causal)
+        return (
+            f"dtypes={','.join(self.dtypes)} devices={','.join(self.devices)} head_dims={hd} max_seqlen={self.max_seqlen} "
+            f"causal={causal} fully_masked={self.fully_masked} memory={self.memory}"
+            + (f" tiles={self.tiles}" if self.tiles else "")
+            + (" " + " ".join(feats) if feats else "")
+        )
+
+
+def _validate_claims(name: str, kw: dict) -> Claims:
+    def bad(arg, why):
+        return ValueError(f"attnverify.adapter({name!r}, {arg}=...): {why}")
+
+    c = dict(kw)
+    if "dtypes" in c:
+        c["dtypes"] = tuple(str(d).replace("torch.", "") for d in c["dtypes"])
+        for d in c["dtypes"]:
+            if d not in KNOWN_DTYPES:
+                raise bad("dtypes", f"unknown dtype {d!r}; use names from {KNOWN_DTYPES}")
+    if "devices" in c:
+        c["devices"] = tuple(c["devices"])
+        for d in c["devices"]:
+            if d not in KNOWN_DEVICES:
+                raise bad("devices", f"unknown device {d!r}; use {KNOWN_DEVICES}")
+    if "causal" in c:
+        cv = c["causal"]
+        if cv is True:
+            raise bad("causal", "give the alignments, e.g. causal=('none', 'bottom_right'), not True")
+        cv = (cv,) if isinstance(cv, str) else tuple(cv) if cv else ("none",)
+        for m in cv:
+            if m not in CAUSAL_MODES:
+                raise bad("causal", f"unknown alignment {m!r}; use {CAUSAL_MODES}")
+        c["causal"] = cv
+    if "head_dims" in c and not callable(c["head_dims"]):
+        hd = tuple(int(x) for x in c["head_dims"])
+        if not hd or any(x <= 0 for x in hd):
+            raise bad("head_dims", "give positive ints, e.g. (64, 128), or a predicate int -> bool")
+        c["head_dims"] = hd
+    if c.get("fully_masked", "unsupported") not in FULLY_MASKED_MODES:
+        raise bad("fully_masked", f"must be one of {FULLY_MASKED_MODES}")
+    if c.get("memory", "quadratic") not in MEMORY_MODES:
+        raise bad("memory", f"must be one of {MEMORY_MODES}")
+    if c.get("tiles") is not None:
+        t = tuple(int(x) for x in c["tiles"])
+        if len(t) != 2 or min(t) <= 0:
+            raise bad("tiles", "give (BLOCK_M, BLOCK_N), e.g. (128, 64)")
+        c["tiles"] = t
+    if "max_seqlen" in c and int(c["max_seqlen"]) < 1:
+        raise bad("max_seqlen", "must be >= 1")
+    known = {f.name for f in dataclasses.fields(Claims)}
+    unknown = set(c) - known
+    if unknown:
+        raise TypeError(f"attnverify.adapter({name!r}): unknown keyword(s) {sorted(unknown)}; known: {sorted(known)}")
+    return Claims(**c)
+
+
+@dataclass
+class Adapter:
+    """A named attention implementation plus what it claims."""
+
+    name: str
+    fn: Callable
+    claims: Claims = field(default_factory=Claims)
+    description: str = ""
+    # Returns None when usable here, else the reason (library missing, no device, ...).
+    availability: Optional[Callable[[], Optional[str]]] = None
+    # Optional per-case veto for limits the claims cannot express; returns a reason or None.
+    refuses: Optional[Callable[[Any], Optional[str]]] = None
+
+    def __call__(self, q, k, v, spec):
+        return self.fn(q, k, v, spec)
+
+    def unavailable_reason(self) -> Optional[str]:
+        if self.availability is not None:
+            try:
+                why = self.availability()
+            except Exception as e:  # an availability probe must never crash the tool
+                return f"availability check raised {type(e).__name__}: {e}"
+            if why:
+                return why
+        if not any(_device_present(d) for d in self.claims.devices):
+            return f"no device among its claimed devices {self.claims.devices} is present here"
+        return None
+
+    def run_device(self, preference: str = "auto") -> str:
+        """The device cases for this adapter are made on: cuda when claimed and present (auto)."""
+        if preference not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device={preference!r}: use auto, cpu or cuda")
+        if preference != "auto":
+            return preference
+        if "cuda" in self.claims.devices and _device_present("cuda"):
+            return "cuda"
+        return "cpu" if "cpu" in self.claims.devices else self.claims.devices[0]
+
+
+def _device_present(dev: str) -> bool:
+    if dev == "cpu":
+        return True
+    if dev == "cuda":
+        return torch.cuda.is_available()  # does not initialise a context
+    return False
+
+
+def adapter(name: str, *, description: str = "", availability=None, refuses=None, register: bool = True, **claims):
+    """Decorator: declare an attention implementation and what it claims (see SPEC.md)."""
+    if not isinstance(name, str) or not name or any(ch in name for ch in " ,:/"):
+        raise ValueError(f"attnverify.adapter(name={name!r}): a non-empty name without spaces, ',' ':' or '/'")
+    c = _validate_claims(name, claims)
+
+    def wrap(fn):
+        if not callable(fn):
+            raise TypeError(f"attnverify.adapter({name!r}) must decorate a callable (q, k, v, spec)")
+        a = Adapter(name=name, fn=fn, claims=c, description=description or (fn.__doc__ or "").strip().split("\n")[0],
+                    availability=availability, refuses=refuses)
+        if register:
+            from .registry import register_adapter
+
+            register_adapter(a)
+        return a
+
+    return wrap

@@ -1,0 +1,54 @@
+"""`naive`: eager PyTorch attention in the input dtype with a float32 softmax.
+
+It is the same-dtype baseline the tolerances are measured against: a correct kernel should be
+about as close to the float64 reference as this is. It implements every SPEC feature, so it can
+also stand in for "a correct implementation" in tests.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..spec import Output, Spec
+from ._features import NEG_INF, keep_mask, score_bias_and_visibility
+from .base import adapter
+
+
+def naive_attention(q, k, v, spec: Spec, *, return_keep: bool = True):
+    b, hq, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    g = hq // hkv
+    kk = k.repeat_interleave(g, dim=1) if g > 1 else k
+    vv = v.repeat_interleave(g, dim=1) if g > 1 else v
+    s = torch.matmul(q, kk.transpose(-1, -2)).float() * spec.resolved_scale(d)
+    if spec.softcap is not None:
+        s = spec.softcap * torch.tanh(s / spec.softcap)
+    bias, vis = score_bias_and_visibility(spec, b, hq, lq, lk, q.device)
+    if bias is not None:
+        s = s + bias
+    if vis is not None:
+        s = s.masked_fill(~vis, NEG_INF)
+    lse = torch.logsumexp(s, dim=-1)
+    lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    p = torch.exp(s - lse_safe.unsqueeze(-1))
+    # fully-masked rows: every s is -inf so p is exactly 0 already (no -inf - -inf anywhere)
+    keep = keep_mask(spec, (b, hq, lq, lk), q.device)
+    if keep is not None:
+        p = p * keep / (1.0 - spec.dropout_p)
+    out = torch.matmul(p.to(q.dtype), vv)
+    return Output(out, lse=lse if spec.return_lse else None, dropout_mask=keep if return_keep else None)
+
+
+@adapter(
+    "naive",
+    dtypes=("float16", "bfloat16", "float32", "float64"),
+    devices=("cpu", "cuda"),
+    head_dims=lambda d: 1 <= d <= 512,
+    max_seqlen=8192,
+    causal=("none", "top_left", "bottom_right"),
+    window=True, softcap=True, alibi=True, attn_mask=True, gqa=True, varlen=True, dropout=True,
+    backward=True, lse=True, dv_ne_d=True, fully_masked="zeros", deterministic=True,
+    memory="quadratic",
+    description="eager PyTorch, input dtype, float32 softmax (the same-dtype baseline)",
+)
+def naive(q, k, v, spec: Spec):
+    return naive_attention(q, k, v, spec)

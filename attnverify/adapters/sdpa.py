@@ -1,0 +1,157 @@
+"""PyTorch `scaled_dot_product_attention`: PyTorch's own dispatch and each backend forced.
+
+A forced backend runs under `sdpa_kernel([that backend])`, so it can never fall back silently:
+if the backend cannot take a case, the call raises instead of computing it another way.
+
+How the claims were established: `benchmarks/probe_sdpa.py` runs every backend x dtype x feature
+(plain, non-default scale, GQA, causal top-left with Lq == Lk and Lq != Lk, bottom-right through
+`causal_lower_right`, bool and float masks, a fully-masked row, backward, head dims 40..512) and
+compares with float64. CPU: this repo's machine, torch 2.13.0 — MATH and FLASH accept everything
+listed, fully-masked rows give 0; EFFICIENT and CUDNN do not exist on the CPU. CUDA: an H200 with
+torch 2.11.0+cu130 (see `_CUDA_CLAIMS`, and docs/tolerances.md for the figures).
+Window, softcap, ALiBi, varlen and LSE are not SDPA features and are not claimed: building them
+as masks in the adapter would test the adapter, not the backend.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..spec import Spec
+from .base import Adapter, Claims, _validate_claims
+from .registry import register_adapter
+
+_ALL_CAUSAL = ("none", "top_left", "bottom_right")
+
+# Per backend on the CPU (torch >= 2.5: fully-masked rows give 0; earlier NaN).
+_CPU_CLAIMS = {
+    "default": dict(dtypes=("float16", "bfloat16", "float32", "float64")),
+    "math": dict(dtypes=("float16", "bfloat16", "float32", "float64")),
+    "flash": dict(dtypes=("float16", "bfloat16", "float32", "float64")),
+}
+
+# Per backend on CUDA, from probe_sdpa.py on the H200 (torch 2.11).
+_CUDA_CLAIMS = {
+    "default": dict(dtypes=("float16", "bfloat16", "float32")),
+    "math": dict(dtypes=("float16", "bfloat16", "float32", "float64")),
+    # flash: half types only, no attn_mask, causal only top-left with Lq == Lk (refuses otherwise)
+    "flash": dict(dtypes=("float16", "bfloat16"), attn_mask=False, causal=("none", "top_left"),
+                  head_dims=lambda d: d % 8 == 0 and d <= 256, dv_ne_d=False, memory="linear"),
+    "efficient": dict(dtypes=("float16", "bfloat16", "float32"),
+                      head_dims=lambda d: d % 8 == 0 and d <= 256, memory="linear"),
+    "cudnn": dict(dtypes=("float16", "bfloat16"), attn_mask=False, causal=("none", "top_left"),
+                  head_dims=lambda d: d % 8 == 0 and d <= 128, dv_ne_d=False, memory="linear"),
+}
+
+_BACKEND_ENUM = {
+    "math": "MATH",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+}
+
+
+def _torch_version():
+    parts = torch.__version__.split("+")[0].split(".")
+    return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts[:2])
+
+
+def _claims(backend: str) -> Claims:
+    cuda = torch.cuda.is_available()
+    base = dict(
+        devices=("cuda",) if cuda else ("cpu",),
+        head_dims=lambda d: 1 <= d <= 512,
+        max_seqlen=16384 if cuda else 4096,
+        causal=_ALL_CAUSAL,
+        attn_mask=True,
+        gqa=_torch_version() >= (2, 5),
+        dropout=True,
+        backward=True,
+        dv_ne_d=True,
+        fully_masked="zeros" if _torch_version() >= (2, 5) else "nan",
+        deterministic=not cuda,
+    )
+    table = _CUDA_CLAIMS if cuda else _CPU_CLAIMS
+    base.update(table.get(backend, {}))
+    return _validate_claims(f"sdpa-{backend}", base)
+
+
+def _availability(backend: str):
+    def check():
+        if backend == "default":
+            return None
+        if not hasattr(torch.nn, "attention") or not hasattr(torch.nn.attention, "sdpa_kernel"):
+            return f"torch {torch.__version__} has no torch.nn.attention.sdpa_kernel (needs 2.3+)"
+        if torch.cuda.is_available():
+            return None
+        if backend in ("efficient", "cudnn"):
+            return f"SDPA's {backend} backend exists only on CUDA and no GPU is present"
+        return None
+
+    return check
+
+
+def _refuses(backend: str):
+    def check(case) -> str | None:
+        lq, lk = case.q.shape[2], case.k.shape[2]
+        if case.q.is_cuda and backend in ("flash", "cudnn") and case.spec.causal != "none" and lq != lk:
+            return f"sdpa-{backend} on CUDA refuses causal with Lq != Lk"
+        return None
+
+    return check
+
+
+def _call(q, k, v, spec: Spec, backend: str):
+    import torch.nn.functional as F
+
+    kw = {}
+    if spec.scale is not None:
+        kw["scale"] = float(spec.scale)
+    mask = spec.attn_mask
+    if spec.causal != "none":
+        lq, lk = q.shape[2], k.shape[2]
+        if mask is None and spec.causal == "top_left":
+            kw["is_causal"] = True
+        elif mask is None:
+            from torch.nn.attention.bias import causal_lower_right
+
+            mask = causal_lower_right(lq, lk)
+        else:  # combine with the given mask: only the math of masks can express both
+            i = torch.arange(lq, device=q.device)[:, None]
+            j = torch.arange(lk, device=q.device)[None, :]
+            tri = j <= i if spec.causal == "top_left" else j <= i + (lk - lq)
+            mask = (mask & tri) if mask.dtype == torch.bool else mask.masked_fill(~tri, float("-inf"))
+    if k.shape[1] != q.shape[1]:
+        if _torch_version() >= (2, 5):
+            kw["enable_gqa"] = True
+        else:
+            g = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    if spec.dropout_p > 0:
+        kw["dropout_p"] = float(spec.dropout_p)
+        if spec.seed is not None:
+            torch.manual_seed(int(spec.seed))
+    if backend == "default":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([getattr(SDPBackend, _BACKEND_ENUM[backend])]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+
+
+def _make(name: str, backend: str, description: str) -> Adapter:
+    a = Adapter(
+        name=name,
+        fn=lambda q, k, v, spec: _call(q, k, v, spec, backend),
+        claims=_claims(backend),
+        description=description,
+        availability=_availability(backend),
+        refuses=_refuses(backend),
+    )
+    return register_adapter(a)
+
+
+sdpa = _make("sdpa", "default", "torch SDPA, PyTorch's own backend choice")
+sdpa_math = _make("sdpa-math", "math", "torch SDPA forced to the MATH backend")
+sdpa_flash = _make("sdpa-flash", "flash", "torch SDPA forced to FLASH_ATTENTION")
+sdpa_efficient = _make("sdpa-efficient", "efficient", "torch SDPA forced to EFFICIENT_ATTENTION (CUDA only)")
+sdpa_cudnn = _make("sdpa-cudnn", "cudnn", "torch SDPA forced to CUDNN_ATTENTION (CUDA only)")

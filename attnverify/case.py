@@ -1,0 +1,356 @@
+"""A Case: the tensors and Spec of one attention call, plus the recipe that rebuilds it.
+
+Large tensors are never stored element by element: a `CaseRecipe` holds shapes, a seed and
+distribution parameters, and `build_case(recipe)` makes the same tensors again anywhere (this is
+what `attnverify repro` replays). Cases made from raw tensors save them to a .pt beside the JSON.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from .spec import Spec
+
+DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+for _n in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _n):
+        DTYPES[_n] = getattr(torch, _n)
+
+MASK_KINDS = ("none", "bool_random", "bool_padding", "bool_rows_off", "float_random", "float_neg_inf")
+
+
+@dataclass
+class CaseRecipe:
+    """Everything needed to rebuild a case; plain JSON-able values only."""
+
+    batch: int = 1
+    heads_q: int = 1
+    heads_kv: int = 1
+    len_q: int = 16
+    len_k: int = 16
+    head_dim: int = 32
+    head_dim_v: Optional[int] = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    # values: q, k, v ~ N(0, std^2)
+    q_std: float = 1.0
+    k_std: float = 1.0
+    v_std: float = 1.0
+    v_mean: float = 0.0
+    # a late key tile whose scores tower over the earlier ones: keys [late_from, Lk) scaled by late_boost
+    late_from: Optional[int] = None
+    late_boost: float = 1.0
+    equal_scores: bool = False  # all keys identical -> all scores equal in a row
+    # add this constant to every score (k[..., 0] = 1 for all keys, q[..., 0] = shift / scale):
+    # softmax must not change, LSE moves by exactly the shift
+    row_shift: float = 0.0
+    # spec
+    scale: Optional[float] = None
+    causal: str = "none"
+    window: Optional[Tuple[int, int]] = None
+    softcap: Optional[float] = None
+    alibi: bool = False
+    mask: str = "none"
+    mask_shape: Optional[Tuple[int, int, int, int]] = None  # broadcast shape; 1 = broadcast dim
+    mask_density: float = 0.7
+    masked_rows: Tuple[int, ...] = ()  # query rows with no visible key (bool masks)
+    seqlens_q: Optional[List[int]] = None  # varlen segments (B must be 1)
+    seqlens_k: Optional[List[int]] = None
+    dropout_p: float = 0.0
+    return_lse: bool = False
+    # NaN/Inf: (tensor, b, h, i, d, value) entries, e.g. ("q", 0, 0, 3, 0, "nan")
+    poison: Tuple[Tuple[Any, ...], ...] = ()
+    # huge finite values written at masked-out key positions (must not change the output)
+    masked_garbage: float = 0.0
+    layout: str = "contiguous"  # contiguous | transposed | sliced | expanded_kv | offset
+    tags: Tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CaseRecipe":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"CaseRecipe: unknown field(s) {sorted(unknown)} (a case saved by a newer attnverify?)")
+        d = dict(d)
+        for key in ("window", "mask_shape"):
+            if d.get(key) is not None:
+                d[key] = tuple(d[key])
+        for key in ("masked_rows", "tags"):
+            if key in d and d[key] is not None:
+                d[key] = tuple(d[key])
+        if "poison" in d:
+            d["poison"] = tuple(tuple(p) for p in d["poison"])
+        return cls(**d)
+
+
+@dataclass
+class Case:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    spec: Spec = field(default_factory=Spec)
+    seed: int = 0  # drives the upstream gradient and anything else random in a check
+    recipe: Optional[CaseRecipe] = None
+    label: str = ""
+
+    @property
+    def dtype(self) -> str:
+        return str(self.q.dtype).replace("torch.", "")
+
+    @property
+    def device(self) -> str:
+        return self.q.device.type
+
+    @property
+    def shapes(self) -> Dict[str, Tuple[int, ...]]:
+        return {"q": tuple(self.q.shape), "k": tuple(self.k.shape), "v": tuple(self.v.shape)}
+
+    def describe(self) -> str:
+        b, hq, lq, d = self.q.shape
+        hkv, lk, dv = self.k.shape[1], self.k.shape[2], self.v.shape[3]
+        s = self.spec
+        parts = [f"B={b} Hq={hq} Hkv={hkv} Lq={lq} Lk={lk} D={d}" + (f" Dv={dv}" if dv != d else ""), self.dtype]
+        if s.scale is not None:
+            parts.append(f"scale={s.scale:g}")
+        if s.causal != "none":
+            parts.append(f"causal={s.causal}")
+        if s.window is not None:
+            parts.append(f"window={s.window}")
+        if s.softcap is not None:
+            parts.append(f"softcap={s.softcap:g}")
+        if s.alibi_slopes is not None:
+            parts.append("alibi")
+        if s.attn_mask is not None:
+            parts.append(f"mask={str(s.attn_mask.dtype).replace('torch.', '')}{tuple(s.attn_mask.shape)}")
+        if s.is_varlen:
+            parts.append(f"cu_seqlens_q={torch.as_tensor(s.cu_seqlens_q).tolist()} cu_seqlens_k={torch.as_tensor(s.cu_seqlens_k).tolist()}")
+        if s.dropout_p:
+            parts.append(f"dropout_p={s.dropout_p:g} seed={s.seed}")
+        if self.recipe is not None:
+            r = self.recipe
+            if r.q_std != 1 or r.k_std != 1:
+                parts.append(f"q_std={r.q_std:g} k_std={r.k_std:g}")
+            if r.late_from is not None:
+                parts.append(f"late tile from {r.late_from} x{r.late_boost:g}")
+            if r.equal_scores:
+                parts.append("equal scores")
+            if r.row_shift:
+                parts.append(f"row_shift={r.row_shift:g}")
+            if r.poison:
+                parts.append(f"poison={list(r.poison)}")
+            if r.layout != "contiguous":
+                parts.append(f"layout={r.layout}")
+        return " ".join(parts)
+
+    def case_id(self) -> str:
+        if self.recipe is not None:
+            blob = json.dumps(self.recipe.to_dict(), sort_keys=True, default=str).encode()
+        else:
+            h = hashlib.sha1()
+            for t in (self.q, self.k, self.v):
+                h.update(t.detach().cpu().float().numpy().tobytes())
+            blob = h.hexdigest().encode()
+        return hashlib.sha1(blob).hexdigest()[:12]
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.case_id(),
+            "label": self.label,
+            "seed": self.seed,
+            "describe": self.describe(),
+            "shapes": {k: list(v) for k, v in self.shapes.items()},
+            "dtype": self.dtype,
+            "device": self.device,
+            "recipe": None if self.recipe is None else self.recipe.to_dict(),
+        }
+
+    def save(self, path_json: str) -> str:
+        """Write the case (recipe JSON; tensors to .pt when no recipe can rebuild them)."""
+        d = self.to_dict()
+        if self.recipe is None:
+            pt = path_json[:-5] + ".pt" if path_json.endswith(".json") else path_json + ".pt"
+            s = self.spec
+            torch.save(
+                {
+                    "q": self.q.detach().cpu(), "k": self.k.detach().cpu(), "v": self.v.detach().cpu(),
+                    "spec": {f.name: getattr(s, f.name) for f in dataclasses.fields(s)},
+                },
+                pt,
+            )
+            d["tensors"] = pt.rsplit("/", 1)[-1]
+        with open(path_json, "w") as f:
+            json.dump(d, f, indent=1, default=str)
+        return path_json
+
+
+def load_case(path_json: str, device: Optional[str] = None) -> Case:
+    import os
+
+    with open(path_json) as f:
+        d = json.load(f)
+    if d.get("recipe"):
+        r = CaseRecipe.from_dict(d["recipe"])
+        if device:
+            r.device = device
+        return build_case(r, label=d.get("label", ""))
+    if not d.get("tensors"):
+        raise ValueError(f"{path_json}: neither a recipe nor saved tensors; cannot rebuild this case")
+    blob = torch.load(os.path.join(os.path.dirname(path_json), d["tensors"]), weights_only=False)
+    dev = device or d.get("device", "cpu")
+    spec = Spec(**blob["spec"])
+    return Case(blob["q"].to(dev), blob["k"].to(dev), blob["v"].to(dev), spec, seed=d.get("seed", 0), label=d.get("label", ""))
+
+
+def _validate(r: CaseRecipe) -> None:
+    def bad(arg, why):
+        return ValueError(f"CaseRecipe({arg}=...): {why}")
+
+    for name in ("batch", "heads_q", "heads_kv", "head_dim"):
+        if getattr(r, name) < 1:
+            raise bad(name, "must be >= 1")
+    if r.len_q < 0 or r.len_k < 0:
+        raise bad("len_q/len_k", "must be >= 0")
+    if r.heads_q % r.heads_kv:
+        raise bad("heads_q", f"heads_q={r.heads_q} must be a multiple of heads_kv={r.heads_kv}")
+    if r.dtype not in DTYPES:
+        raise bad("dtype", f"{r.dtype!r} is not one of {sorted(DTYPES)}")
+    if r.mask not in MASK_KINDS:
+        raise bad("mask", f"{r.mask!r} is not one of {MASK_KINDS}")
+    if (r.seqlens_q is None) != (r.seqlens_k is None):
+        raise bad("seqlens_q", "give seqlens_q and seqlens_k together")
+    if r.seqlens_q is not None:
+        if r.batch != 1:
+            raise bad("batch", "varlen packs need batch=1")
+        if len(r.seqlens_q) != len(r.seqlens_k):
+            raise bad("seqlens_k", "as many key segments as query segments")
+        if sum(r.seqlens_q) != r.len_q or sum(r.seqlens_k) != r.len_k:
+            raise bad("seqlens_q", f"segments must sum to len_q={r.len_q} and len_k={r.len_k}")
+
+
+def _mask_for(r: CaseRecipe, gen: torch.Generator):
+    b, h, lq, lk = r.batch, r.heads_q, r.len_q, r.len_k
+    shape = tuple(r.mask_shape) if r.mask_shape is not None else (b, h, lq, lk)
+    full = (b, h, lq, lk)
+    for s, f in zip(shape, full):
+        if s not in (1, f):
+            raise ValueError(f"CaseRecipe(mask_shape={shape}): each dim must be 1 or {full}")
+    if r.mask == "none":
+        return None
+    if r.mask in ("bool_random", "bool_rows_off"):
+        m = torch.rand(shape, generator=gen) < r.mask_density
+    elif r.mask == "bool_padding":  # key padding: each batch keeps a prefix of keys
+        keep = torch.randint(max(1, lk // 2), lk + 1, (shape[0],), generator=gen) if lk else torch.zeros(shape[0], dtype=torch.long)
+        m = (torch.arange(lk)[None, :] < keep[:, None]).view(shape[0], 1, 1, lk).expand(shape[0], shape[1], shape[2], lk)
+        m = m.contiguous()
+    elif r.mask == "float_random":
+        m = torch.randn(shape, generator=gen, dtype=torch.float64) * 2.0
+    else:  # float_neg_inf: additive mask with -inf holes
+        m = torch.where(torch.rand(shape, generator=gen) < r.mask_density, torch.zeros(shape, dtype=torch.float64),
+                        torch.full(shape, -math.inf, dtype=torch.float64))
+    if r.masked_rows:
+        if m.dtype == torch.bool:
+            m = m.expand(full).clone() if m.shape[2] == 1 and lq > 1 else m.clone()
+            for i in r.masked_rows:
+                if i < m.shape[2]:
+                    m[:, :, i, :] = False
+        else:
+            m = m.expand(full).clone() if m.shape[2] == 1 and lq > 1 else m.clone()
+            for i in r.masked_rows:
+                if i < m.shape[2]:
+                    m[:, :, i, :] = -math.inf
+    return m
+
+
+def build_case(r: CaseRecipe, *, label: str = "") -> Case:
+    """Rebuild the tensors and Spec of a recipe, deterministically (CPU generator, then moved)."""
+    _validate(r)
+    gen = torch.Generator().manual_seed(int(r.seed))
+    dt = DTYPES[r.dtype]
+    dv = r.head_dim_v or r.head_dim
+    b, hq, hkv, lq, lk, d = r.batch, r.heads_q, r.heads_kv, r.len_q, r.len_k, r.head_dim
+    q = torch.randn(b, hq, lq, d, generator=gen, dtype=torch.float64) * r.q_std
+    k = torch.randn(b, hkv, lk, d, generator=gen, dtype=torch.float64) * r.k_std
+    v = torch.randn(b, hkv, lk, dv, generator=gen, dtype=torch.float64) * r.v_std + r.v_mean
+    if r.equal_scores and lk:
+        k[:] = k[:, :, :1, :]
+    if r.late_from is not None and 0 <= r.late_from < lk:
+        k[:, :, r.late_from:, :] *= r.late_boost
+    if r.row_shift:
+        k[..., 0] = 1.0
+        q[..., 0] = r.row_shift / Spec(scale=r.scale).resolved_scale(d)
+    mask = _mask_for(r, gen)
+    slopes = None
+    if r.alibi:
+        slopes = (2.0 ** (-8.0 * torch.arange(1, hq + 1, dtype=torch.float64) / hq)).float()
+    cu_q = cu_k = None
+    max_q = max_k = None
+    if r.seqlens_q is not None:
+        cu_q = torch.tensor([0] + list(_cumsum(r.seqlens_q)), dtype=torch.int32)
+        cu_k = torch.tensor([0] + list(_cumsum(r.seqlens_k)), dtype=torch.int32)
+        max_q, max_k = max(r.seqlens_q, default=0), max(r.seqlens_k, default=0)
+    for entry in r.poison:
+        name, bi, hi, i, di, val = entry
+        t = {"q": q, "k": k, "v": v}[name]
+        t[bi, hi, i, di] = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(val, val)
+    if r.masked_garbage and mask is not None and mask.dtype == torch.bool and mask.shape[0] == b:
+        # keys hidden from every query of every head carry huge values: must not reach the output
+        hidden = ~mask.expand(b, hq, lq, lk).any(dim=2).any(dim=1)  # (b, lk)
+        k[hidden.unsqueeze(1).expand(b, hkv, lk)] = r.masked_garbage
+        v[hidden.unsqueeze(1).expand(b, hkv, lk)] = r.masked_garbage
+    q, k, v = (_layout(t.to(dt), r.layout, i) for i, t in enumerate((q, k, v)))
+    dev = torch.device(r.device)
+    q, k, v = q.to(dev), k.to(dev), v.to(dev)
+    if mask is not None:
+        mask = mask.to(dev) if mask.dtype == torch.bool else mask.to(dev, torch.float32 if dt == torch.float64 else dt).to(dt)
+    spec = Spec(
+        scale=r.scale, causal=r.causal, window=r.window, softcap=r.softcap,
+        alibi_slopes=None if slopes is None else slopes.to(dev), attn_mask=mask,
+        dropout_p=r.dropout_p, seed=r.seed if r.dropout_p else None,
+        cu_seqlens_q=None if cu_q is None else cu_q.to(dev), cu_seqlens_k=None if cu_k is None else cu_k.to(dev),
+        max_seqlen_q=max_q, max_seqlen_k=max_k, return_lse=r.return_lse,
+    )
+    return Case(q, k, v, spec, seed=int(r.seed), recipe=r, label=label)
+
+
+def _cumsum(xs):
+    s = 0
+    for x in xs:
+        s += x
+        yield s
+
+
+def _layout(t: torch.Tensor, layout: str, which: int) -> torch.Tensor:
+    """Same values, different memory: what a kernel must handle through strides."""
+    if layout == "contiguous":
+        return t.contiguous()
+    if layout == "transposed":  # BSHD storage viewed as BHSD
+        return t.transpose(1, 2).contiguous().transpose(1, 2)
+    if layout == "sliced":  # every other element of a wider last dim
+        wide = torch.empty(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype)
+        wide[..., ::2] = t
+        wide[..., 1::2] = float("nan")
+        return wide[..., ::2]
+    if layout == "offset":  # non-zero storage offset, NaN around
+        flat = torch.full((t.numel() + 37,), float("nan"), dtype=t.dtype)
+        flat[17:17 + t.numel()] = t.reshape(-1)
+        return flat[17:17 + t.numel()].view(t.shape)
+    if layout == "expanded_kv":  # stride-0 batch for k and v when every batch shares them
+        if which == 0 or t.shape[0] == 1:
+            return t.contiguous()
+        return t[:1].expand(t.shape).clone()[:1].expand(t.shape)
+    raise ValueError(f"CaseRecipe(layout={layout!r}): use contiguous, transposed, sliced, offset or expanded_kv")

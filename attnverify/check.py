@@ -1,0 +1,307 @@
+"""`check(adapter, case) -> CheckResult`: run the adapter, run the float64 reference on the very
+same inputs, compare every output. Never raises for a wrong answer, only for usage errors.
+"""
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+from .adapters.base import Adapter
+from .case import Case
+from .compare import Comparison, compare, error_stats
+from .reference import reference_backward, reference_forward
+from .spec import Output
+from .tolerances import tolerance_for
+
+STATUSES = ("passed", "failed", "error", "skipped")
+
+
+@dataclass
+class CheckResult:
+    adapter: str
+    case: Case
+    status: str
+    comparisons: List[Comparison] = field(default_factory=list)
+    error: Optional[str] = None  # the adapter's exception (status "error")
+    notes: List[str] = field(default_factory=list)
+    seconds: float = 0.0
+    outputs: Dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # adapter's, for diagnosis
+    reference: Dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def passed(self) -> bool:
+        return self.status in ("passed", "skipped")
+
+    def failing(self) -> List[Comparison]:
+        return [c for c in self.comparisons if not c.passed]
+
+    def severity(self) -> float:
+        """Worst error as a multiple of its tolerance (>1 fails); for hypothesis.target."""
+        worst = 0.0
+        for c in self.comparisons:
+            r = c.rel_l2 / c.tol_norm if c.tol_norm > 0 else (math.inf if c.rel_l2 > 0 else 0.0)
+            if c.allowed_at_worst:
+                r = max(r, c.max_abs / c.allowed_at_worst)
+            worst = max(worst, r)
+        if self.status == "error":
+            worst = math.inf
+        return worst if math.isfinite(worst) else 1e30
+
+    def message(self) -> str:
+        head = f"[{self.adapter}] {self.status.upper()}: {self.case.describe()}"
+        if self.status == "error":
+            return head + "\n" + (self.error or "")
+        body = [c.message() for c in self.comparisons if not c.passed] or [c.message() for c in self.comparisons]
+        return "\n".join([head] + body + [f"note: {n}" for n in self.notes])
+
+    def to_dict(self) -> dict:
+        return {
+            "adapter": self.adapter,
+            "status": self.status,
+            "case": self.case.to_dict(),
+            "comparisons": [c.to_dict() for c in self.comparisons],
+            "error": self.error,
+            "notes": list(self.notes),
+            "seconds": self.seconds,
+            "severity": self.severity(),
+        }
+
+
+class UsageError(ValueError):
+    """The check was asked for something it cannot do (not a wrong answer)."""
+
+
+def unclaimed(adapter: Adapter, case: Case) -> Optional[str]:
+    """Why the adapter does not claim this case, or None when it does."""
+    c = adapter.claims
+    s = case.spec
+    if case.dtype not in c.dtypes:
+        return f"{adapter.name} does not claim dtype {case.dtype}"
+    if case.device not in c.devices:
+        return f"{adapter.name} does not claim device {case.device}"
+    d, dv = case.q.shape[-1], case.v.shape[-1]
+    if not c.head_dim_ok(d) or not c.head_dim_ok(dv):
+        return f"{adapter.name} does not claim head dim {d}" + (f"/{dv}" if dv != d else "")
+    if dv != d and not c.dv_ne_d:
+        return f"{adapter.name} does not claim Dv != D"
+    if max(case.q.shape[2], case.k.shape[2]) > c.max_seqlen:
+        return f"{adapter.name} does not claim sequence lengths above {c.max_seqlen}"
+    if s.causal not in c.causal:
+        return f"{adapter.name} does not claim causal={s.causal}"
+    for feat in sorted(s.features() - {"causal"}):
+        if not c.feature(feat):
+            return f"{adapter.name} does not claim {feat}"
+    if case.k.shape[1] != case.q.shape[1] and not c.gqa:
+        return f"{adapter.name} does not claim gqa"
+    if adapter.refuses is not None:
+        why = adapter.refuses(case)
+        if why:
+            return why
+    return None
+
+
+def _unpack(result):
+    if isinstance(result, Output):
+        return result.out, result.lse, result.dropout_mask
+    if isinstance(result, (tuple, list)) and len(result) in (2, 3):
+        return (*result, None)[:3]
+    return result, None, None
+
+
+def _leaf(t: torch.Tensor, grad: bool) -> torch.Tensor:
+    # keep the caller's strides/offsets (layout is part of the case): clone preserves them only for
+    # dense tensors, so rebuild views through as_strided on a copy of the storage
+    x = t.detach()
+    if grad:
+        x = x.clone() if x.is_contiguous() else _same_strides(x)
+        x.requires_grad_(True)
+    return x
+
+
+def _same_strides(x: torch.Tensor) -> torch.Tensor:
+    base = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
+    base.copy_(x)
+    return base
+
+
+def _fully_masked_rows(lse_ref: torch.Tensor) -> torch.Tensor:
+    return torch.isneginf(lse_ref)
+
+
+def check(
+    adapter: Adapter,
+    case: Case,
+    *,
+    backward: Optional[bool] = None,
+    baseline: bool = True,
+    loosen: float = 1.0,
+    keep_tensors: bool = True,
+) -> CheckResult:
+    """Compare one call of `adapter` with the float64 reference. Never raises for a wrong answer."""
+    if not isinstance(adapter, Adapter):
+        raise UsageError(f"check(adapter=...): expected an attnverify adapter (decorate with @attnverify.adapter), got {type(adapter).__name__}")
+    if not isinstance(case, Case):
+        raise UsageError(f"check(case=...): expected an attnverify Case, got {type(case).__name__}")
+    why = unclaimed(adapter, case)
+    if why:
+        raise UsageError(f"check: {why}; draw cases with attention_cases(adapter=...) so only claimed ones come")
+    claims = adapter.claims
+    do_bwd = claims.backward if backward is None else bool(backward)
+    if do_bwd and not claims.backward:
+        raise UsageError(f"check(backward=True): {adapter.name} does not claim backward")
+    t0 = time.perf_counter()
+    spec = case.spec
+    notes: List[str] = []
+    q, k, v = (_leaf(t, do_bwd) for t in (case.q, case.k, case.v))
+    before = [t.detach().clone() for t in (q, k, v)]
+    try:
+        with torch.enable_grad() if do_bwd else torch.no_grad():
+            out, lse, keep = _unpack(adapter(q, k, v, spec))
+    except Exception as e:  # the adapter failed: an error result, not a raise
+        return CheckResult(adapter.name, case, "error", error=_format_exc(e), seconds=time.perf_counter() - t0)
+    if spec.dropout_p > 0 and keep is None:
+        return CheckResult(adapter.name, case, "skipped", notes=[
+            "dropout without a returned keep-mask: checked statistically by test_dropout, not here"], seconds=time.perf_counter() - t0)
+    ref = reference_forward(case.q, case.k, case.v, spec, dropout_mask=keep)
+    fm = _fully_masked_rows(ref.lse)
+    expected_out, expected_lse = ref.out, ref.lse
+    ignore_rows = None
+    any_fm = bool(fm.any())
+    if any_fm and claims.fully_masked == "nan":
+        expected_out = torch.where(fm.unsqueeze(-1), torch.full_like(ref.out, math.nan), ref.out)
+        expected_lse = torch.where(fm, torch.full_like(ref.lse, math.nan), ref.lse)
+        notes.append("fully-masked rows held to the declared convention: NaN")
+    elif any_fm and claims.fully_masked == "unsupported":
+        ignore_rows = fm
+        notes.append(f"{int(fm.sum())} fully-masked row(s) ignored: {adapter.name} declares them unsupported")
+
+    gen = torch.Generator().manual_seed(int(case.seed) + 1)
+    comps: List[Comparison] = []
+    base = _baseline(case, keep) if baseline else None
+    def tol(name, dtype):
+        b = base.get(name) if base else None
+        if b is None:
+            return tolerance_for(name, dtype, loosen=loosen)
+        return tolerance_for(name, dtype, baseline_rel_l2=b[0], baseline_max_abs=b[1], loosen=loosen)
+
+    comps.append(compare("out", out, expected_out, tol("out", case.q.dtype),
+                         ignore=None if ignore_rows is None else ignore_rows.unsqueeze(-1)))
+    if spec.return_lse and claims.lse:
+        if lse is None:
+            comps.append(compare("lse", None, expected_lse, tol("lse", case.q.dtype)))
+        else:
+            lse_ign = ignore_rows
+            if any_fm and claims.fully_masked == "nan":  # -inf is as good as NaN for an LSE here
+                lse = torch.where(fm.to(lse.device) & torch.isneginf(lse.detach()), torch.full_like(lse.detach(), math.nan), lse.detach())
+            comps.append(compare("lse", lse, expected_lse, tol("lse", case.q.dtype), ignore=lse_ign))
+
+    outputs = {"out": out.detach() if isinstance(out, torch.Tensor) else out}
+    if isinstance(lse, torch.Tensor):
+        outputs["lse"] = lse.detach()
+    if do_bwd and isinstance(out, torch.Tensor):
+        if any_fm and claims.fully_masked == "nan":
+            notes.append("gradients not compared: fully-masked rows produce NaN by declaration")
+        else:
+            comps += _check_grads(adapter, case, q, k, v, out, lse, keep, gen, tol, ignore_rows, outputs)
+    after_bad = [n for n, b, t in zip("qkv", before, (q, k, v)) if not _same(b, t.detach())]
+    if after_bad:
+        c = compare("inputs", torch.ones(1), torch.zeros(1, dtype=torch.float64), tolerance_for("out", "float32"))
+        c.problems = [f"the adapter modified its input(s) {', '.join(after_bad)} in place"]
+        comps.append(c)
+    status = "passed" if all(c.passed for c in comps) else "failed"
+    res = CheckResult(adapter.name, case, status, comps, notes=notes, seconds=time.perf_counter() - t0)
+    if keep_tensors:
+        res.outputs = outputs
+        res.reference = {"out": ref.out, "lse": ref.lse}
+    return res
+
+
+def _check_grads(adapter, case, q, k, v, out, lse, keep, gen, tol, ignore_rows, outputs):
+    comps = []
+    d_out = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.device, out.dtype)
+    d_lse = None
+    roots, grads = [out], [d_out]
+    if isinstance(lse, torch.Tensor) and lse.requires_grad:
+        d_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64).to(lse.device, lse.dtype)
+        # no gradient flows into -inf LSE rows (fully masked): keep the upstream finite there
+        roots.append(lse)
+        grads.append(d_lse)
+    try:
+        got = torch.autograd.grad(roots, [q, k, v], grads, allow_unused=True)
+    except Exception as e:
+        c = compare("dq", None, torch.zeros(1, dtype=torch.float64), tol("dq", case.q.dtype))
+        c.problems = [f"backward raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]
+        return [c]
+    ref_g = reference_backward(case.q, case.k, case.v, case.spec, d_out, d_lse, dropout_mask=keep)
+    for name, g, r in zip(("dq", "dk", "dv"), got, (ref_g.dq, ref_g.dk, ref_g.dv)):
+        ign = ignore_rows.unsqueeze(-1) if (ignore_rows is not None and name == "dq") else None
+        c = compare(name, g, r, tol(name, case.q.dtype), ignore=ign)
+        if g is None:
+            c.problems = [f"no gradient reached {name[1]} (autograd returned None)"]
+        comps.append(c)
+        if isinstance(g, torch.Tensor):
+            outputs[name] = g.detach()
+    return comps
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape:
+        return False
+    return bool(torch.equal(torch.nan_to_num(a, nan=1.2345), torch.nan_to_num(b, nan=1.2345))) and bool(
+        torch.equal(torch.isnan(a), torch.isnan(b))
+    )
+
+
+def _baseline(case: Case, keep) -> Optional[dict]:
+    """Errors of the same-dtype eager implementation on the very same inputs: name -> (rel_l2, max_abs)."""
+    from .adapters.naive import naive_attention
+
+    if case.dtype not in ("float16", "bfloat16", "float32"):
+        return None
+    spec = case.spec
+    if spec.dropout_p > 0:
+        return None  # the baseline would draw another keep-mask; the u-floors alone apply
+    try:
+        q, k, v = (t.detach().clone().requires_grad_(True) for t in (case.q, case.k, case.v))
+        with torch.enable_grad():
+            o = naive_attention(q, k, v, spec.replace(return_lse=True))
+        gen = torch.Generator().manual_seed(int(case.seed) + 1)
+        d_out = torch.randn(o.out.shape, generator=gen, dtype=torch.float64).to(o.out.device, o.out.dtype)
+        gq, gk, gv = torch.autograd.grad([o.out], [q, k, v], [d_out])
+    except Exception:
+        return None
+    ref = reference_forward(case.q, case.k, case.v, spec)
+    rg = reference_backward(case.q, case.k, case.v, spec, d_out)
+    return {
+        "out": error_stats(o.out, ref.out),
+        "lse": error_stats(o.lse, ref.lse),
+        "dq": error_stats(gq, rg.dq),
+        "dk": error_stats(gk, rg.dk),
+        "dv": error_stats(gv, rg.dv),
+    }
+
+
+def _format_exc(e: BaseException) -> str:
+    tb = traceback.format_exception(type(e), e, e.__traceback__)
+    return "".join(tb[-6:]).strip()
+
+
+def assert_attention_close(adapter_or_result, case: Optional[Case] = None, **kw) -> CheckResult:
+    """Raise AssertionError with a message covering EVERY failing output; return the result when it holds.
+
+    Accepts a CheckResult, or an adapter and a case (then runs `check`).
+    """
+    if isinstance(adapter_or_result, CheckResult):
+        res = adapter_or_result
+    else:
+        if case is None:
+            raise UsageError("assert_attention_close(adapter, case): give a case, or pass a CheckResult")
+        res = check(adapter_or_result, case, **kw)
+    if not res.passed:
+        raise AssertionError(res.message())
+    return res

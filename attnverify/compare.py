@@ -1,0 +1,167 @@
+"""Tensors -> Comparison records. Never raises for a wrong answer; knows nothing of pytest.
+
+Metrics per output: max abs error, relative L2 error, max error in ulps of the dtype at the
+reference's scale, mismatched count and fraction, the worst index. NaN/Inf in either direction is
+a mismatch, except where both sides are NaN or the same infinity at the same place.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional, Tuple
+
+import torch
+
+from .tolerances import Tolerance
+
+
+@dataclass
+class Comparison:
+    name: str  # out, lse, dq, dk, dv (or a property's own label)
+    passed: bool
+    shape: Tuple[int, ...]
+    numel: int
+    max_abs: float
+    rel_l2: float
+    max_ulps: float
+    mismatched: int
+    worst_index: Optional[Tuple[int, ...]]
+    worst_actual: Optional[float]
+    worst_expected: Optional[float]
+    allowed_at_worst: Optional[float]
+    tol_norm: float
+    tol_elem_u: float
+    nonfinite_mismatches: int = 0
+    note: str = ""
+    problems: List[str] = field(default_factory=list)
+
+    @property
+    def mismatch_fraction(self) -> float:
+        return self.mismatched / self.numel if self.numel else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["mismatch_fraction"] = self.mismatch_fraction
+        return d
+
+    def message(self) -> str:
+        """A torch.testing-style paragraph for this output."""
+        if self.passed:
+            return f"{self.name}: ok (rel L2 {self.rel_l2:.2e} <= {self.tol_norm:.2e}, max abs {self.max_abs:.2e})"
+        lines = [f"{self.name}: MISMATCH"]
+        lines += [f"  {p}" for p in self.problems]
+        pct = 100.0 * self.mismatch_fraction
+        lines.append(f"  Mismatched elements: {self.mismatched} / {self.numel} ({pct:.1f}%)")
+        if self.worst_index is not None:
+            lines.append(
+                f"  Greatest absolute difference: {self.max_abs:.3g} at index {self.worst_index} "
+                f"(got {self.worst_actual:.6g}, expected {self.worst_expected:.6g}; up to {self.allowed_at_worst:.3g} allowed)"
+            )
+        lines.append(f"  Relative L2 error: {self.rel_l2:.3g} (up to {self.tol_norm:.3g} allowed)")
+        lines.append(f"  Greatest error in ulps at the reference's scale: {self.max_ulps:.1f}")
+        return "\n".join(lines)
+
+
+def _nonfinite_agree(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    both_nan = torch.isnan(a) & torch.isnan(e)
+    same_inf = torch.isinf(a) & torch.isinf(e) & (torch.sign(a) == torch.sign(e))
+    return both_nan | same_inf
+
+
+def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, *, ignore: Optional[torch.Tensor] = None) -> Comparison:
+    """Compare `actual` (any dtype/device) with the float64 `expected`.
+
+    `ignore` (bool, broadcastable) marks elements excluded by a declared convention.
+    """
+    problems: List[str] = []
+    exp = expected.detach().to("cpu", torch.float64)
+    if actual is None:
+        return _missing(name, exp, tol, "the adapter returned nothing for this output")
+    if not isinstance(actual, torch.Tensor):
+        return _missing(name, exp, tol, f"expected a tensor, got {type(actual).__name__}")
+    if tuple(actual.shape) != tuple(exp.shape):
+        if actual.numel() == exp.numel():
+            problems.append(f"shape {tuple(actual.shape)} instead of {tuple(exp.shape)} (compared after reshape)")
+            actual = actual.reshape(exp.shape)
+        else:
+            return _missing(name, exp, tol, f"shape {tuple(actual.shape)}, expected {tuple(exp.shape)}")
+    act = actual.detach().to("cpu", torch.float64)
+    keep = torch.ones_like(exp, dtype=torch.bool)
+    if ignore is not None:
+        keep = ~ignore.to("cpu").expand_as(exp)
+    fin_e, fin_a = torch.isfinite(exp), torch.isfinite(act)
+    both_fin = fin_e & fin_a & keep
+    nonfin_bad = keep & ~(fin_e & fin_a) & ~_nonfinite_agree(act, exp)
+    diff = torch.where(both_fin, (act - exp).abs(), torch.zeros_like(exp))
+    ref_fin = torch.where(fin_e & keep, exp, torch.zeros_like(exp))
+    n_fin = int((fin_e & keep).sum())
+    scale = float(ref_fin.norm() / math.sqrt(n_fin)) if n_fin else 0.0
+    allowed = tol.allowed(ref_fin.abs(), scale)
+    bad = (diff > allowed) | nonfin_bad
+    mismatched = int(bad.sum())
+    ref_norm = float(ref_fin.norm())
+    err_norm = float(diff.norm())
+    rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    if int(nonfin_bad.sum()):
+        rel = math.inf if not math.isnan(rel) else rel
+        problems.append(f"{int(nonfin_bad.sum())} non-finite value(s) where the reference differs (NaN/Inf)")
+    # worst element: a non-finite disagreement beats any finite error; else the largest excess over the bound
+    if mismatched:
+        score = torch.where(nonfin_bad, torch.full_like(diff, math.inf), diff / allowed.clamp_min(1e-300))
+    else:
+        score = diff
+    worst = _argmax_index(score) if exp.numel() else None
+    ulp = _ulp(ref_fin.abs().clamp_min(scale), tol.u)
+    max_ulps = float((diff / ulp).max()) if exp.numel() else 0.0
+    passed = mismatched == 0 and rel <= tol.norm
+    if rel > tol.norm and mismatched == 0:
+        problems.append("every element is within its bound but the norm-wise error is not")
+    return Comparison(
+        name=name,
+        passed=bool(passed),
+        shape=tuple(exp.shape),
+        numel=exp.numel(),
+        max_abs=float(diff.max()) if exp.numel() else 0.0,
+        rel_l2=float(rel),
+        max_ulps=max_ulps,
+        mismatched=mismatched,
+        worst_index=worst,
+        worst_actual=float(act[worst]) if worst is not None else None,
+        worst_expected=float(exp[worst]) if worst is not None else None,
+        allowed_at_worst=float(allowed[worst]) if worst is not None else None,
+        tol_norm=tol.norm,
+        tol_elem_u=tol.elem_u,
+        nonfinite_mismatches=int(nonfin_bad.sum()),
+        problems=problems,
+    )
+
+
+def _ulp(mag: torch.Tensor, u: float) -> torch.Tensor:
+    """Spacing of the dtype's numbers at magnitude `mag` (2u * 2^floor(log2 mag)), never 0."""
+    e = torch.floor(torch.log2(mag.clamp_min(1e-300)))
+    return torch.clamp(2.0 * u * torch.pow(2.0, e), min=1e-300)
+
+
+def _argmax_index(t: torch.Tensor) -> Tuple[int, ...]:
+    flat = int(torch.argmax(torch.nan_to_num(t, nan=math.inf)))
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), t.shape))
+
+
+def _missing(name: str, exp: torch.Tensor, tol: Tolerance, why: str) -> Comparison:
+    return Comparison(
+        name=name, passed=False, shape=tuple(exp.shape), numel=exp.numel(), max_abs=math.inf, rel_l2=math.inf,
+        max_ulps=math.inf, mismatched=exp.numel(), worst_index=None, worst_actual=None, worst_expected=None,
+        allowed_at_worst=None, tol_norm=tol.norm, tol_elem_u=tol.elem_u, problems=[why],
+    )
+
+
+def error_stats(actual, expected: torch.Tensor) -> Tuple[float, float]:
+    """(relative L2, max abs) of a baseline against the reference, over elements finite in both."""
+    if actual is None or not isinstance(actual, torch.Tensor) or tuple(actual.shape) != tuple(expected.shape):
+        return (float("nan"), float("nan"))
+    a = actual.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    fin = torch.isfinite(a) & torch.isfinite(e)
+    d = torch.where(fin, (a - e).abs(), torch.zeros_like(e))
+    n = float(torch.where(fin, e, torch.zeros_like(e)).norm())
+    return (float(d.norm()) / n if n > 0 else 0.0, float(d.max()) if d.numel() else 0.0)

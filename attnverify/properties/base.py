@@ -1,0 +1,68 @@
+"""The contract between properties, the driver that runs them, runners and the journal.
+
+A Property draws JSON-able data with Hypothesis and judges one drawn example at a time:
+
+    prop.skip_reason(adapter)                 -> None, or "mine does not claim window"
+    prop.strategy(adapter, profile, device)   -> SearchStrategy of JSON-able values (CaseRecipe dicts, ...)
+    prop.examples(adapter, profile, device)   -> the @example corpus (same type), run first
+    prop.run_example(adapter, drawn)          -> ExampleResult (never raises for a wrong answer)
+
+Because a drawn example is plain data, a runner may judge it in another process (crash isolation:
+the parent that drives Hypothesis never touches the GPU), and the journal can replay it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+
+@dataclass
+class ExampleResult:
+    passed: bool
+    message: str = ""  # for a failure: what went wrong, every failing output
+    severity: float = 0.0  # worst error / tolerance (>1 fails); fed to hypothesis.target
+    records: List[dict] = field(default_factory=list)  # CheckResult.to_dict() of every check made
+    case: Optional[dict] = None  # Case.to_dict() of the (main) case, for the journal and repro
+    status: str = ""  # passed | failed | error | crashed | timeout | skipped ('' -> from passed)
+    seconds: float = 0.0
+
+    def __post_init__(self):
+        if not self.status:
+            self.status = "passed" if self.passed else "failed"
+
+    def to_dict(self) -> dict:
+        return {
+            "passed": self.passed, "message": self.message, "severity": self.severity,
+            "records": self.records, "case": self.case, "status": self.status, "seconds": self.seconds,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ExampleResult":
+        return cls(**d)
+
+
+class Property:
+    """Base class; subclasses set `name` and `doc` and implement the four methods."""
+
+    name: str = ""
+    doc: str = ""
+    needs: tuple = ()  # claim names this property requires, e.g. ("backward",)
+
+    def skip_reason(self, adapter) -> Optional[str]:
+        for need in self.needs:
+            if not adapter.claims.feature(need):
+                return f"{adapter.name} does not claim {need}"
+        return None
+
+    def strategy(self, adapter, profile: str, device: str):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def examples(self, adapter, profile: str, device: str) -> List[Any]:
+        return []
+
+    def run_example(self, adapter, drawn) -> ExampleResult:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def test_name(self) -> str:
+        return f"test_{self.name}"

@@ -1,0 +1,91 @@
+"""The call description every adapter receives (`Spec`) and what it may return (`Output`)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+CAUSAL_MODES = ("none", "top_left", "bottom_right")
+FULLY_MASKED_MODES = ("zeros", "nan", "unsupported")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What to compute, beyond q, k and v. Unset features have neutral values.
+
+    `scale=None` means the default 1/sqrt(D); adapters that need a number use `resolved_scale(D)`.
+    """
+
+    scale: Optional[float] = None
+    causal: str = "none"
+    window: Optional[Tuple[int, int]] = None
+    softcap: Optional[float] = None
+    alibi_slopes: Any = None  # tensor (Hq,) or (B, Hq), float32
+    attn_mask: Any = None  # bool (True = may attend) or float (added), broadcastable to (B, Hq, Lq, Lk)
+    dropout_p: float = 0.0
+    seed: Optional[int] = None
+    cu_seqlens_q: Any = None  # int32 (n+1,)
+    cu_seqlens_k: Any = None
+    max_seqlen_q: Optional[int] = None
+    max_seqlen_k: Optional[int] = None
+    return_lse: bool = False
+
+    def __post_init__(self):
+        if self.causal not in CAUSAL_MODES:
+            raise ValueError(f"Spec(causal={self.causal!r}): must be one of {CAUSAL_MODES}")
+        if self.window is not None:
+            w = tuple(int(x) for x in self.window)
+            if len(w) != 2 or any(x < -1 for x in w):
+                raise ValueError(
+                    f"Spec(window={self.window!r}): expected (left, right) with each >= 0 or -1 for unbounded"
+                )
+            object.__setattr__(self, "window", w)
+        if self.softcap is not None and not self.softcap > 0:
+            raise ValueError(f"Spec(softcap={self.softcap!r}): must be > 0, or None for no softcap")
+        if not 0.0 <= float(self.dropout_p) < 1.0:
+            raise ValueError(f"Spec(dropout_p={self.dropout_p!r}): must be in [0, 1)")
+        if (self.cu_seqlens_q is None) != (self.cu_seqlens_k is None):
+            raise ValueError("Spec(cu_seqlens_q, cu_seqlens_k): give both for varlen, or neither")
+        if self.scale is not None and not (isinstance(self.scale, (int, float)) and math.isfinite(self.scale)):
+            raise ValueError(f"Spec(scale={self.scale!r}): must be a finite number, or None for 1/sqrt(D)")
+
+    def resolved_scale(self, head_dim: int) -> float:
+        return float(self.scale) if self.scale is not None else 1.0 / math.sqrt(head_dim)
+
+    @property
+    def is_varlen(self) -> bool:
+        return self.cu_seqlens_q is not None
+
+    def replace(self, **changes) -> "Spec":
+        return dataclasses.replace(self, **changes)
+
+    def features(self) -> set:
+        """Names of the optional features this call uses (matched against adapter claims)."""
+        used = set()
+        if self.causal != "none":
+            used.add("causal")
+        if self.window is not None:
+            used.add("window")
+        if self.softcap is not None:
+            used.add("softcap")
+        if self.alibi_slopes is not None:
+            used.add("alibi")
+        if self.attn_mask is not None:
+            used.add("attn_mask")
+        if self.dropout_p > 0:
+            used.add("dropout")
+        if self.is_varlen:
+            used.add("varlen")
+        if self.return_lse:
+            used.add("lse")
+        return used
+
+
+@dataclass
+class Output:
+    """What an adapter may return instead of a bare tensor."""
+
+    out: Any
+    lse: Any = None
+    dropout_mask: Any = None  # bool keep-mask (B, Hq, Lq, Lk) when the adapter can expose it

@@ -1,0 +1,93 @@
+"""Per-dtype tolerances: the table as data and the rule that applies it (docs/tolerances.md).
+
+The rule, for each output (out, lse, dq, dk, dv), with u the unit roundoff of the input dtype and
+s the RMS of the reference tensor (its scale):
+
+  norm-wise     rel_L2(x, ref)  <=  max(NORM_U[o] * u,  BASELINE_FACTOR[o] * rel_L2(baseline, ref))
+  element-wise  |x_i - ref_i|   <=  max(ELEM_U[o] * u * (|ref_i| + s),  BASELINE_FACTOR[o] * max_i |baseline_i - ref_i|)
+
+`baseline` is the same-dtype eager implementation (`naive`) run on the very same inputs: a correct
+kernel is about as accurate as it. The u-terms are floors, so a baseline error of exactly 0 (an
+all-equal row, a tiny case) can never fail a correct kernel. The constants were calibrated on
+thousands of random and adversarial cases (benchmarks/calibrate_tolerances.py) and are proven tight
+by tests that must reject zeros, mean(V), a copy of V, uniform attention, shifted diagonals, ...
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+UNIT_ROUNDOFF = {
+    "float64": 2.0**-53,
+    "float32": 2.0**-24,
+    "bfloat16": 2.0**-8,
+    "float16": 2.0**-11,
+    "float8_e4m3fn": 2.0**-4,
+    "float8_e5m2": 2.0**-3,
+}
+
+OUTPUTS = ("out", "lse", "dq", "dk", "dv")
+
+# Floors, in units of u. Forward errors of correct kernels sit near 0.4-0.8 u (rel L2) and the
+# worst element below ~8 u(|ref|+s); gradients carry a few more roundings (dS = P * (dP - delta)).
+NORM_U = {"out": 4.0, "lse": 4.0, "dq": 8.0, "dk": 8.0, "dv": 6.0}
+ELEM_U = {"out": 16.0, "lse": 16.0, "dq": 32.0, "dk": 32.0, "dv": 24.0}
+# A kernel may be this many times less accurate than the same-dtype baseline (flash-attn: 2 / 3).
+BASELINE_FACTOR = {"out": 2.0, "lse": 2.0, "dq": 3.0, "dk": 3.0, "dv": 3.0}
+
+# Accumulation is float32 even for half inputs; float32 inputs get a float32 LSE; an LSE is
+# never more precise than float32 (SPEC: LSE is float32).
+_LSE_FLOOR_DTYPE = "float32"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    output: str
+    dtype: str
+    norm: float  # allowed relative L2 error
+    elem_u: float  # element-wise coefficient (times u * (|ref| + s))
+    u: float
+    elem_floor: float  # the baseline term of the element-wise bound (absolute)
+
+    def allowed(self, ref_abs: torch.Tensor, scale: float) -> torch.Tensor:
+        return torch.clamp(self.elem_u * self.u * (ref_abs + scale), min=self.elem_floor)
+
+
+def dtype_name(dt) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def unit_roundoff(dtype, output: str = "out") -> float:
+    name = dtype_name(dtype)
+    if name not in UNIT_ROUNDOFF:
+        raise ValueError(f"no tolerance for dtype {name!r}; known: {sorted(UNIT_ROUNDOFF)}")
+    u = UNIT_ROUNDOFF[name]
+    if output == "lse":
+        u = max(u, UNIT_ROUNDOFF[_LSE_FLOOR_DTYPE])
+    return u
+
+
+def tolerance_for(
+    output: str,
+    dtype,
+    *,
+    baseline_rel_l2: Optional[float] = None,
+    baseline_max_abs: Optional[float] = None,
+    loosen: float = 1.0,
+) -> Tolerance:
+    """The bound for one output. `loosen` (>= 1) is a user's explicit, reported widening."""
+    if output not in OUTPUTS:
+        raise ValueError(f"tolerance_for(output={output!r}): use one of {OUTPUTS}")
+    if not loosen >= 1.0:
+        raise ValueError(f"tolerance_for(loosen={loosen}): must be >= 1 (tolerances are never tightened below calibration)")
+    u = unit_roundoff(dtype, output)
+    k = BASELINE_FACTOR[output]
+    norm = NORM_U[output] * u
+    if baseline_rel_l2 is not None and baseline_rel_l2 == baseline_rel_l2:  # not NaN
+        norm = max(norm, k * float(baseline_rel_l2))
+    floor = 0.0
+    if baseline_max_abs is not None and baseline_max_abs == baseline_max_abs:
+        floor = k * float(baseline_max_abs)
+    return Tolerance(output, dtype_name(dtype), norm * loosen, ELEM_U[output] * loosen, u, floor * loosen)
