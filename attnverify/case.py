@@ -66,6 +66,9 @@ class CaseRecipe:
     mask_shape: Optional[Tuple[int, int, int, int]] = None  # broadcast shape; 1 = broadcast dim
     mask_density: float = 0.7
     masked_rows: Tuple[int, ...] = ()  # query rows with no visible key (bool masks)
+    # keys [a, b) hidden from every query (a fully-masked key tile inside otherwise live rows);
+    # made as a bool mask when mask == "none", else written into the drawn mask (False / -inf)
+    key_block: Optional[Tuple[int, int]] = None
     seqlens_q: Optional[List[int]] = None  # varlen segments (B must be 1)
     seqlens_k: Optional[List[int]] = None
     dropout_p: float = 0.0
@@ -87,7 +90,7 @@ class CaseRecipe:
         if unknown:
             raise ValueError(f"CaseRecipe: unknown field(s) {sorted(unknown)} (a case saved by a newer attnverify?)")
         d = dict(d)
-        for key in ("window", "mask_shape"):
+        for key in ("window", "mask_shape", "key_block"):
             if d.get(key) is not None:
                 d[key] = tuple(d[key])
         for key in ("masked_rows", "tags"):
@@ -153,6 +156,10 @@ class Case:
                 parts.append(f"row_shift={r.row_shift:g}")
             if r.poison:
                 parts.append(f"poison={list(r.poison)}")
+            if r.key_block is not None:
+                parts.append(f"keys {r.key_block[0]}..{r.key_block[1] - 1} hidden")
+            if r.masked_rows:
+                parts.append(f"rows {list(r.masked_rows)} fully masked")
             if r.layout != "contiguous":
                 parts.append(f"layout={r.layout}")
         return " ".join(parts)
@@ -231,6 +238,10 @@ def _validate(r: CaseRecipe) -> None:
         raise bad("dtype", f"{r.dtype!r} is not one of {sorted(DTYPES)}")
     if r.mask not in MASK_KINDS:
         raise bad("mask", f"{r.mask!r} is not one of {MASK_KINDS}")
+    if r.key_block is not None and (len(r.key_block) != 2 or r.key_block[0] > r.key_block[1]):
+        raise bad("key_block", f"{r.key_block!r}: give (first, end) with first <= end")
+    if r.key_block is not None and r.seqlens_q is not None:
+        raise bad("key_block", "a hidden key block is a mask, and masks do not combine with varlen")
     if (r.seqlens_q is None) != (r.seqlens_k is None):
         raise bad("seqlens_q", "give seqlens_q and seqlens_k together")
     if r.seqlens_q is not None:
@@ -249,8 +260,14 @@ def _mask_for(r: CaseRecipe, gen: torch.Generator):
     for s, f in zip(shape, full):
         if s not in (1, f):
             raise ValueError(f"CaseRecipe(mask_shape={shape}): each dim must be 1 or {full}")
-    if r.mask == "none":
+    if r.mask == "none" and r.key_block is None:
         return None
+    if r.mask == "none":  # only a hidden key block: a bool mask broadcast over everything but keys
+        kshape = tuple(shape[:3]) + (lk,) if r.mask_shape is not None else (1, 1, 1, lk)
+        m = torch.ones(kshape, dtype=torch.bool)
+        a, z = r.key_block
+        m[..., max(0, a):min(lk, z)] = False
+        return m
     if r.mask in ("bool_random", "bool_rows_off"):
         m = torch.rand(shape, generator=gen) < r.mask_density
     elif r.mask == "bool_padding":  # key padding: each batch keeps a prefix of keys
@@ -262,6 +279,10 @@ def _mask_for(r: CaseRecipe, gen: torch.Generator):
     else:  # float_neg_inf: additive mask with -inf holes
         m = torch.where(torch.rand(shape, generator=gen) < r.mask_density, torch.zeros(shape, dtype=torch.float64),
                         torch.full(shape, -math.inf, dtype=torch.float64))
+    if r.key_block is not None and m.shape[3] == lk:
+        a, z = r.key_block
+        m = m.clone()
+        m[..., max(0, a):min(lk, z)] = False if m.dtype == torch.bool else -math.inf
     if r.masked_rows:
         if m.dtype == torch.bool:
             m = m.expand(full).clone() if m.shape[2] == 1 and lq > 1 else m.clone()

@@ -40,21 +40,24 @@ def attempt(backend, dt, feat, d=64, lq=33, lk=33, grad=False):
     hq, hk = 4, 4
     mask = None; causal = None; kw = {}
     if feat == "gqa": hk = 2; kw["enable_gqa"] = True
+    dv = d
+    if feat == "dv_ne_d": dv = d // 2
     if feat in ("causal_tl_eq", "causal_tl_ne"): kw["is_causal"] = True; causal = "tl"
     if feat == "causal_tl_ne": lq, lk = 17, 33
-    if feat == "causal_br":
+    if feat in ("causal_br", "causal_br_lq_gt_lk"):
         from torch.nn.attention.bias import causal_lower_right
-        lq, lk = 17, 33; mask_obj = causal_lower_right(lq, lk); causal = "br"
+        lq, lk = (17, 33) if feat == "causal_br" else (33, 17)
+        mask_obj = causal_lower_right(lq, lk); causal = "br"
     if feat == "headdim": d = {"d": d}["d"]
     q = torch.randn(2, hq, lq, d, device=dev, dtype=DT[dt])
     k = torch.randn(2, hk, lk, d, device=dev, dtype=DT[dt])
-    v = torch.randn(2, hk, lk, d, device=dev, dtype=DT[dt])
+    v = torch.randn(2, hk, lk, dv, device=dev, dtype=DT[dt])
     if feat == "bool_mask": mask = torch.rand(lq, lk, device=dev) > 0.3
     if feat == "float_mask": mask = torch.randn(2, 1, lq, lk, device=dev, dtype=DT[dt])
     if feat == "fully_masked":
         mask = torch.rand(lq, lk, device=dev) > 0.3; mask[3] = False
     if feat == "scale": kw["scale"] = 0.37
-    am = mask_obj if feat == "causal_br" else mask
+    am = mask_obj if feat.startswith("causal_br") else mask
     for t in (q, k, v):
         t.requires_grad_(grad)
     try:
@@ -62,7 +65,7 @@ def attempt(backend, dt, feat, d=64, lq=33, lk=33, grad=False):
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=am, **kw)
             if grad: o.float().sum().backward()
     except Exception as e:
-        return "refused: " + str(e).split("\n")[0][:120]
+        return "refused: " + " ".join(str(e).split())[:300]
     r = ref(q.detach(), k.detach(), v.detach(), mask, causal, kw.get("scale"))
     if feat == "fully_masked":
         row = o[:, :, 3].detach()
@@ -75,7 +78,7 @@ def attempt(backend, dt, feat, d=64, lq=33, lk=33, grad=False):
 
 
 res = {"device": dev, "torch": torch.__version__}
-feats = ["plain", "scale", "gqa", "causal_tl_eq", "causal_tl_ne", "causal_br", "bool_mask", "float_mask", "fully_masked"]
+feats = ["plain", "scale", "gqa", "dv_ne_d", "causal_tl_eq", "causal_tl_ne", "causal_br", "causal_br_lq_gt_lk", "bool_mask", "float_mask", "fully_masked"]
 for be in BACKENDS:
     for dt in DT:
         row = {f: attempt(be, dt, f) for f in feats}

@@ -1,8 +1,12 @@
 """`naive`: eager PyTorch attention in the input dtype with a float32 softmax.
 
-It is the same-dtype baseline the tolerances are measured against: a correct kernel should be
-about as close to the float64 reference as this is. It implements every SPEC feature, so it can
-also stand in for "a correct implementation" in tests.
+It is the same-dtype baseline the tolerances are measured against, so it rounds exactly where a
+flash kernel must: operands and P are in the input dtype, products accumulate in float32 (a
+product of two fp16 or bf16 numbers is exact in float32, so `q.float() @ k.float().T` is what a
+tensor core computes), the softmax is float32, and the output is rounded to the input dtype.
+Rounding the scores themselves to fp16 would make the baseline (and so the tolerance) far worse
+than any real kernel at large logits. It implements every SPEC feature, so it also stands in for
+"a correct implementation" in tests.
 """
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ def naive_attention(q, k, v, spec: Spec, *, return_keep: bool = True):
     g = hq // hkv
     kk = k.repeat_interleave(g, dim=1) if g > 1 else k
     vv = v.repeat_interleave(g, dim=1) if g > 1 else v
-    s = torch.matmul(q, kk.transpose(-1, -2)).float() * spec.resolved_scale(d)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = torch.matmul(q.to(acc), kk.to(acc).transpose(-1, -2)) * spec.resolved_scale(d)
     if spec.softcap is not None:
         s = spec.softcap * torch.tanh(s / spec.softcap)
     bias, vis = score_bias_and_visibility(spec, b, hq, lq, lk, q.device)
@@ -34,7 +39,7 @@ def naive_attention(q, k, v, spec: Spec, *, return_keep: bool = True):
     keep = keep_mask(spec, (b, hq, lq, lk), q.device)
     if keep is not None:
         p = p * keep / (1.0 - spec.dropout_p)
-    out = torch.matmul(p.to(q.dtype), vv)
+    out = torch.matmul(p.to(q.dtype).to(acc), vv.to(acc)).to(q.dtype)
     return Output(out, lse=lse if spec.return_lse else None, dropout_mask=keep if return_keep else None)
 
 

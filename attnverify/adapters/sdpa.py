@@ -26,19 +26,24 @@ _ALL_CAUSAL = ("none", "top_left", "bottom_right")
 _CPU_CLAIMS = {
     "default": dict(dtypes=("float16", "bfloat16", "float32", "float64")),
     "math": dict(dtypes=("float16", "bfloat16", "float32", "float64")),
-    "flash": dict(dtypes=("float16", "bfloat16", "float32", "float64")),
+    # flash on the CPU refuses Dv != D ("requires q,k,v to have the same last dimension")
+    "flash": dict(dtypes=("float16", "bfloat16", "float32", "float64"), dv_ne_d=False),
 }
 
-# Per backend on CUDA, from probe_sdpa.py on the H200 (torch 2.11).
+# Per backend on CUDA, from probe_sdpa.py and calibrate_tolerances.py on the H200 (torch 2.11):
+# flash and cudnn refuse fp32/fp64, masks, Dv != D and causal with Lq != Lk; efficient refuses
+# GQA (enable_gqa) and fp64; cudnn refuses Lk == 1 and gives neither 0 nor NaN on fully-masked
+# rows; PyTorch's own dispatch with a bool mask returns finite garbage on fully-masked rows
+# (fp16/bf16) and NaN dQ, so it claims no convention for them.
 _CUDA_CLAIMS = {
-    "default": dict(dtypes=("float16", "bfloat16", "float32")),
+    "default": dict(dtypes=("float16", "bfloat16", "float32"), fully_masked="unsupported"),
     "math": dict(dtypes=("float16", "bfloat16", "float32", "float64")),
     # flash: half types only, no attn_mask, causal only top-left with Lq == Lk (refuses otherwise)
     "flash": dict(dtypes=("float16", "bfloat16"), attn_mask=False, causal=("none", "top_left"),
                   head_dims=lambda d: d % 8 == 0 and d <= 256, dv_ne_d=False, memory="linear"),
-    "efficient": dict(dtypes=("float16", "bfloat16", "float32"),
+    "efficient": dict(dtypes=("float16", "bfloat16", "float32"), gqa=False,
                       head_dims=lambda d: d % 8 == 0 and d <= 256, memory="linear"),
-    "cudnn": dict(dtypes=("float16", "bfloat16"), attn_mask=False, causal=("none", "top_left"),
+    "cudnn": dict(dtypes=("float16", "bfloat16"), attn_mask=False, causal=("none", "top_left"), gqa=False,
                   head_dims=lambda d: d % 8 == 0 and d <= 128, dv_ne_d=False, memory="linear"),
 }
 
@@ -95,6 +100,13 @@ def _refuses(backend: str):
         lq, lk = case.q.shape[2], case.k.shape[2]
         if case.q.is_cuda and backend in ("flash", "cudnn") and case.spec.causal != "none" and lq != lk:
             return f"sdpa-{backend} on CUDA refuses causal with Lq != Lk"
+        if case.q.is_cuda and backend == "cudnn" and lk == 1:
+            return "sdpa-cudnn on CUDA refuses Lk == 1 (No available kernel)"
+        if case.q.is_cuda and case.spec.causal == "bottom_right" and lq > lk and backend in ("efficient", "default"):
+            # torch documents lower-right causal with Lq > Lk as unsupported ("will produce NaNs");
+            # measured on the H200 (torch 2.11): efficient returns finite garbage on the rows that
+            # see no key and wrong dQ/dK elsewhere -- see docs/tolerances.md, "findings"
+            return f"sdpa-{backend} on CUDA: torch does not support causal_lower_right with Lq > Lk"
         return None
 
     return check

@@ -1,0 +1,75 @@
+"""The bundled Triton FlashAttention kernel (`attnverify.kernels`) as the built-in adapter `triton`.
+
+On a GPU the kernels are compiled for it; on a CPU they run under the Triton interpreter, which must
+be switched on (TRITON_INTERPRET=1) before the kernel module is first imported. Importing this module
+imports no Triton and touches no GPU.
+
+Claims, and why each is true (tests/test_triton_kernel.py checks every one against the reference):
+fp16/bf16/fp32 with fp32 accumulation (fp32 dots in IEEE mode on GPU, not tf32); head dims 1..256,
+non-powers of two padded in the kernel, Dv != D; all three causal alignments; windows; softcap; ALiBi
+((Hq,) or (B, Hq) slopes); GQA/MQA; varlen packs with empty segments; LSE (differentiable);
+fully-masked rows give 0 / LSE -inf / zero gradients; backward without atomics (deterministic).
+`tiles` are the fp16/bf16 forward tiles; fp32 and D > 128 use tiles that divide them, so lengths
+around multiples of the claimed tiles are tile boundaries for every configuration.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from ..spec import Output, Spec
+from .base import adapter
+
+_CUDA = torch.cuda.is_available()  # does not initialise a context
+_TILES = (128, 64) if _CUDA else (64, 64)  # kernels.launch.default_config / INTERPRETER_CONFIG
+
+
+def _availability():
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install 'attnverify[triton]')"
+    if not _CUDA and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return "no CUDA GPU here and the Triton interpreter is off (set TRITON_INTERPRET=1 to run on the CPU)"
+    return None
+
+
+def _refuses(case):
+    if case.spec.attn_mask is not None:
+        return "triton does not implement attn_mask"
+    if case.spec.dropout_p:
+        return "triton does not implement dropout"
+    return None
+
+
+@adapter(
+    "triton",
+    description="bundled Triton FlashAttention-2 kernel (attnverify.kernels), forward and backward",
+    availability=_availability,
+    refuses=_refuses,
+    dtypes=("float16", "bfloat16", "float32"),
+    devices=("cuda",) if _CUDA else ("cpu",),
+    head_dims=lambda d: 1 <= d <= 256,
+    max_seqlen=16384 if _CUDA else 4096,
+    causal=("none", "top_left", "bottom_right"),
+    window=True,
+    softcap=True,
+    alibi=True,
+    attn_mask=False,
+    gqa=True,
+    varlen=True,
+    dropout=False,
+    backward=True,
+    lse=True,
+    dv_ne_d=True,
+    fully_masked="zeros",
+    deterministic=True,
+    tiles=_TILES,
+    memory="linear",
+)
+def triton(q, k, v, spec: Spec):
+    """The bundled Triton FlashAttention-2 kernel."""
+    from ..kernels.autograd import flash_attention
+
+    out, lse = flash_attention(q, k, v, spec)
+    return Output(out, lse=lse if spec.return_lse else None)

@@ -1,0 +1,376 @@
+"""`attnverify`: run the suite, list adapters, replay a saved case, render the report.
+
+    attnverify run [--adapter NAME ...] [--profile P] [--seed N] [-n N] [-- PYTEST ARGS]
+    attnverify adapters
+    attnverify repro FILE            # reports/cases/<id>.json, or a results.jsonl: its dangling case
+    attnverify report DIR
+
+Exit status: 0 all held, 1 a property failed, 2 usage error, 3 internal error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from typing import List, Optional
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+class CliUsageError(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------------------------- run
+
+
+def _plugin_autoloaded() -> bool:
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        return False
+    try:
+        from importlib.metadata import entry_points
+
+        return any(ep.value.split(":")[0] == "attnverify.plugin" for ep in entry_points(group="pytest11"))
+    except Exception:
+        return False
+
+
+def _gpu_present() -> bool:
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # ask NVML: this process may fork judges
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def default_adapters(out=sys.stdout) -> List[str]:
+    """Every built-in adapter this machine can run; prints the others with the reason."""
+    from .adapters.registry import BUILTINS, get
+
+    names = []
+    for n in BUILTINS:
+        try:
+            a = get(n)
+            why = a.unavailable_reason()
+        except Exception as e:  # noqa: BLE001 - a missing optional module is "unavailable", never fatal
+            why = f"failed to load: {type(e).__name__}: {e}"
+        if why is None:
+            names.append(n)
+        else:
+            print(f"attnverify run: skipping {n}: {why}", file=out)
+    return names
+
+
+def pytest_args_for_run(ns, extra: List[str], *, gpu: Optional[bool] = None, out=sys.stdout) -> List[str]:
+    adapters = []
+    for a in ns.adapter or []:
+        adapters += [x.strip() for x in a.split(",") if x.strip()]
+    if not adapters and not os.environ.get("ATTNVERIFY_ADAPTER"):
+        adapters = default_adapters(out)
+        if not adapters:
+            raise CliUsageError("no built-in adapter is available on this machine; name one with --adapter")
+    profile = ns.profile
+    if profile is None and not os.environ.get("ATTNVERIFY_PROFILE"):
+        profile = "dev" if (_gpu_present() if gpu is None else gpu) else "ci"
+    args: List[str] = []
+    if not _plugin_autoloaded():
+        args += ["-p", "attnverify.plugin"]
+    args += ["--attn-only", "-p", "no:cacheprovider", "-rfE"]
+    if adapters:
+        args += [f"--adapter={','.join(adapters)}"]
+    for flag, val in (("--attn-profile", profile), ("--attn-report", ns.report), ("--attn-seed", ns.seed),
+                      ("--attn-device", ns.device), ("--attn-max-examples", ns.max_examples),
+                      ("--attn-isolate", ns.isolate), ("--attn-timeout", ns.timeout)):
+        if val is not None:
+            args.append(f"{flag}={val}")
+    if ns.numprocesses is not None:
+        args += ["-n", str(ns.numprocesses)]
+    if ns.keyword:
+        args += ["-k", ns.keyword]
+    args += ["-q"] if ns.quiet else ["-v"]  # -v: one progress line per (property, adapter)
+    return args + list(extra)
+
+
+def cmd_run(ns, extra: List[str]) -> int:
+    import pytest
+
+    args = pytest_args_for_run(ns, extra)
+    print("attnverify run: pytest " + " ".join(args), flush=True)
+    code = int(pytest.main(args))
+    report_dir = ns.report or os.environ.get("ATTNVERIFY_REPORT") or "reports"
+    if code in (0, 1) and not ns.no_html:
+        _render(report_dir, quiet=True)
+    return {0: EXIT_OK, 1: EXIT_FAILED, 4: EXIT_USAGE, 5: EXIT_USAGE}.get(code, EXIT_INTERNAL)
+
+
+# ---------------------------------------------------------------------------------------- adapters
+
+
+def cmd_adapters(ns) -> int:
+    from .adapters.registry import all_adapters
+
+    _import_conftest(ns.conftest)
+    rows = []
+    for a in all_adapters():
+        why = a.unavailable_reason()
+        rows.append((a.name, "available" if why is None else f"unavailable: {why}", a.claims.summary()))
+    if ns.json:
+        print(json.dumps([{"name": n, "status": s, "claims": c} for n, s, c in rows], indent=1))
+        return EXIT_OK
+    w0 = max([len("adapter")] + [len(r[0]) for r in rows])
+    w1 = min(60, max([len("status")] + [len(r[1]) for r in rows]))
+    print(f"{'adapter'.ljust(w0)}  {'status'.ljust(w1)}  claims")
+    for n, s, c in rows:
+        print(f"{n.ljust(w0)}  {(s if len(s) <= w1 else s[:w1 - 3] + '...').ljust(w1)}  {c}")
+    return EXIT_OK
+
+
+def _import_conftest(path: Optional[str]) -> None:
+    """Import a conftest.py (default: ./conftest.py) so adapters it registers are known."""
+    path = path or ("conftest.py" if os.path.exists("conftest.py") else None)
+    if not path:
+        return
+    from .adapters.registry import _load_target
+
+    try:
+        _load_target(f"{path}:__name__")
+    except Exception:
+        pass  # "__name__" is no adapter: the import (and its @av.adapter registrations) is what counts
+
+
+# ------------------------------------------------------------------------------------------- repro
+
+
+class _CheckCase:
+    """A stand-in property for a saved case without a property: check(adapter, case)."""
+
+    name = "check"
+
+    def __init__(self, path: str, device: Optional[str]):
+        self.path, self.device = path, device
+
+    def run_example(self, adapter, drawn):
+        from .case import load_case
+        from .check import check
+        from .properties.base import ExampleResult
+
+        case = load_case(self.path, device=self.device)
+        res = check(adapter, case)
+        return ExampleResult(res.passed, message=res.message(), severity=res.severity(), records=[res.to_dict()],
+                             case=case.to_dict(), status=res.status)
+
+
+def _find_adapter(d: dict, override: Optional[str]):
+    from .adapters.registry import UnknownAdapterError, _load_target, get
+
+    name = override or d.get("adapter")
+    if not name:
+        raise CliUsageError("the case names no adapter; give one with --adapter")
+    try:
+        return get(name)
+    except UnknownAdapterError:
+        origin = d.get("adapter_origin") or {}
+        f = origin.get("file")
+        if f and os.path.exists(f):
+            try:
+                _load_target(f"{f}:{origin.get('attr') or '__name__'}")
+            except UnknownAdapterError:
+                pass
+            return get(name)
+        raise
+
+
+def _load_repro_target(path: str) -> dict:
+    from .journal import JOURNAL_NAME, dangling_cases, last_run
+
+    if os.path.isdir(path):
+        path = os.path.join(path, JOURNAL_NAME)
+    if not os.path.exists(path):
+        raise CliUsageError(f"{path}: no such file")
+    if path.endswith(".jsonl"):
+        recs = last_run(path)
+        dang = dangling_cases(recs)
+        if not dang:
+            fails = [r for r in recs if r.get("event") == "test_end" and r.get("case_file")]
+            if fails:
+                raise CliUsageError(f"{path}: the last run finished every case; replay a saved case instead: "
+                                    + ", ".join(f["case_file"] for f in fails))
+            raise CliUsageError(f"{path}: no case was left running in the last run (nothing crashed it)")
+        rec = dang[-1]
+        print(f"replaying the example that was running when run {rec.get('run_id')} died", flush=True)
+        return {"adapter": rec.get("adapter"), "property": rec.get("property"), "drawn": rec.get("drawn"), "_file": path}
+    with open(path) as f:
+        try:
+            d = json.load(f)
+        except ValueError as e:
+            raise CliUsageError(f"{path}: not a saved case ({e})") from None
+    d["_file"] = path
+    return d
+
+
+def cmd_repro(ns) -> int:
+    from .isolation import make_runner
+
+    d = _load_repro_target(ns.file)
+    _import_conftest(ns.conftest)
+    adapter = _find_adapter(d, ns.adapter)
+    prop, drawn = None, d.get("drawn")
+    if d.get("property") and drawn is not None:
+        try:
+            from .properties import get_property
+
+            prop = get_property(d["property"])
+        except (ImportError, KeyError):
+            prop = None
+    if prop is None:
+        if not (d.get("recipe") or d.get("tensors")):
+            raise CliUsageError(f"{d['_file']}: property {d.get('property')!r} is unknown here and the file holds no case")
+        prop, drawn = _CheckCase(d["_file"], ns.device), None
+    elif ns.device and isinstance(drawn, dict) and isinstance(drawn.get("recipe"), dict):
+        drawn = {**drawn, "recipe": {**drawn["recipe"], "device": ns.device}}
+    print(f"replaying {getattr(prop, 'name', prop)} for {adapter.name}"
+          + (f" (recorded: {d['status']})" if d.get("status") else ""), flush=True)
+    if d.get("describe"):
+        print(f"case: {d['describe']}")
+    runner = make_runner(ns.isolate, ns.timeout)
+    try:
+        res = runner(prop, adapter, drawn)
+    finally:
+        runner.close()
+    print(res.message or "")
+    for rec in res.records or []:
+        for c in rec.get("comparisons", []):
+            ok = "ok" if c.get("passed") else "MISMATCH"
+            print(f"  {c.get('name', '?'):6s} {ok:8s} rel L2 {_f(c.get('rel_l2'))} (tol {_f(c.get('tol_norm'))})  "
+                  f"max abs {_f(c.get('max_abs'))}  mismatched {c.get('mismatched')}/{c.get('numel')}")
+    if res.passed:
+        print(f"HELD: {getattr(prop, 'name', prop)} holds for {adapter.name} on this case now")
+        return EXIT_OK
+    print(f"STILL FAILS ({res.status})")
+    return EXIT_FAILED
+
+
+def _f(x) -> str:
+    try:
+        return f"{float(x):.3g}"
+    except (TypeError, ValueError):
+        return str(x)
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def _render(report_dir: str, quiet: bool = False) -> Optional[int]:
+    try:
+        from . import reports
+    except ImportError:
+        reports = None
+    render = getattr(reports, "render", None)
+    if render is None:
+        if not quiet:
+            print("attnverify report: HTML rendering is not part of this build yet (attnverify.reports.render is "
+                  f"missing); the results are in {os.path.join(report_dir, 'results.jsonl')}")
+        return None
+    try:
+        out = render(report_dir)
+    except Exception as e:  # noqa: BLE001
+        print(f"attnverify report: rendering failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_INTERNAL
+    print(f"report: {out or os.path.join(report_dir, 'index.html')}")
+    return EXIT_OK
+
+
+def cmd_report(ns) -> int:
+    if not os.path.isdir(ns.dir):
+        raise CliUsageError(f"{ns.dir}: no such folder")
+    code = _render(ns.dir)
+    return EXIT_USAGE if code is None else code
+
+
+# -------------------------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attnverify", description="correctness and fuzz testing for attention implementations")
+    sub = p.add_subparsers(dest="cmd", metavar="{run,adapters,repro,report,selftest,bench}")
+    r = sub.add_parser("run", help="run the property suite (pytest underneath); extra args after -- go to pytest")
+    r.add_argument("--adapter", action="append", help="adapter name, import path or `all`; repeat or comma list "
+                   "(default: every available built-in adapter)")
+    r.add_argument("--profile", "--attn-profile", dest="profile", choices=("ci", "dev", "thorough"),
+                   help="default: ci on a CPU-only machine, dev with a GPU")
+    r.add_argument("--report", "--attn-report", dest="report")
+    r.add_argument("--seed", "--attn-seed", dest="seed", type=int)
+    r.add_argument("--device", "--attn-device", dest="device", choices=("auto", "cpu", "cuda"))
+    r.add_argument("--max-examples", "--attn-max-examples", dest="max_examples", type=int)
+    r.add_argument("--isolate", "--attn-isolate", dest="isolate", choices=("auto", "subprocess", "none"))
+    r.add_argument("--timeout", "--attn-timeout", dest="timeout", type=float)
+    r.add_argument("-n", "--numprocesses", dest="numprocesses", help="pytest-xdist workers (auto, N)")
+    r.add_argument("-k", dest="keyword", help="pytest -k expression over test ids")
+    r.add_argument("-q", "--quiet", action="store_true")
+    r.add_argument("--no-html", action="store_true", help="do not render reports/index.html afterwards")
+    a = sub.add_parser("adapters", help="table of known adapters: available or why not, and their claims")
+    a.add_argument("--json", action="store_true")
+    a.add_argument("--conftest", help="import this file first (default ./conftest.py) for its adapters")
+    x = sub.add_parser("repro", help="replay a saved failing case (or a journal's crashed case)")
+    x.add_argument("file")
+    x.add_argument("--adapter", help="replay against this adapter instead of the recorded one")
+    x.add_argument("--device", choices=("cpu", "cuda"))
+    x.add_argument("--isolate", choices=("auto", "subprocess", "none"), default="auto")
+    x.add_argument("--timeout", type=float, default=60.0)
+    x.add_argument("--conftest", help="import this file first (default ./conftest.py) for its adapters")
+    rp = sub.add_parser("report", help="render the HTML report from a report folder's journal")
+    rp.add_argument("dir", nargs="?", default="reports")
+    sub.add_parser("selftest", help="run the suite against the zoo of wrong implementations (not yet)")
+    sub.add_parser("bench", help="speed and peak memory of adapters (not yet)")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: List[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    parser = build_parser()
+    try:
+        ns, unknown = parser.parse_known_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2)
+        return int(e.code or 0)
+    if ns.cmd is None:
+        parser.print_help()
+        return EXIT_USAGE
+    if unknown and ns.cmd != "run":
+        parser.print_usage(sys.stderr)
+        print(f"attnverify {ns.cmd}: unrecognized arguments: {' '.join(unknown)}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if ns.cmd == "run":
+            return cmd_run(ns, unknown + extra)
+        if ns.cmd == "adapters":
+            return cmd_adapters(ns)
+        if ns.cmd == "repro":
+            return cmd_repro(ns)
+        if ns.cmd == "report":
+            return cmd_report(ns)
+        print(f"attnverify {ns.cmd}: not implemented yet", file=sys.stderr)
+        return EXIT_USAGE
+    except CliUsageError as e:
+        print(f"attnverify {ns.cmd}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:  # noqa: BLE001
+        from .adapters.registry import UnknownAdapterError
+
+        if isinstance(e, UnknownAdapterError):
+            print(f"attnverify {ns.cmd}: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        traceback.print_exc()
+        print(f"attnverify {ns.cmd}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""Crash isolation: judge each drawn example in a long-lived forked child process.
+
+An adapter that dies by a signal (SIGSEGV, SIGFPE, SIGABRT, an illegal memory access that aborts),
+exits the process, or hangs must cost exactly one failed example, not the run. `SubprocessRunner`
+is a `runner(prop, adapter, drawn) -> ExampleResult` for the property driver:
+
+- the child is created with fork, so it inherits every property and adapter object (adapters defined
+  in a user's conftest.py need no pickling); only the drawn example (plain JSON-able data) and the
+  result dict cross the pipe;
+- the parent, which drives Hypothesis, never touches the GPU, so forking is safe; the child may
+  initialise CUDA freely and a corrupted context dies with it;
+- a child that dies is recreated at the next request; a child that does not answer within
+  `timeout` seconds is killed (SIGKILL) and recreated;
+- the dead example becomes `ExampleResult(passed=False, status="crashed" | "timeout")` whose message
+  names the signal or the timeout, with the case (recipe) when the draw holds one, so the driver can
+  shrink it like any failure and the journal keeps it for `attnverify repro`.
+
+The child runs torch with one intra-op thread: GNU OpenMP (torch's CPU thread pool) is not fork-safe
+once the parent has used it, and a forked child that enters a parallel region can hang. Set
+ATTNVERIFY_CHILD_THREADS=N to override where you know the parent never ran a parallel torch op.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+import traceback
+from typing import Any, Dict, Optional
+
+from .properties.base import ExampleResult
+
+DEFAULT_TIMEOUT = 60.0
+
+
+def signal_name(signum: int) -> str:
+    try:
+        sig = signal.Signals(signum)
+        desc = signal.strsignal(signum) or ""
+        return f"{sig.name} ({desc})" if desc else sig.name
+    except (ValueError, AttributeError):
+        return f"signal {signum}"
+
+
+def fork_available() -> bool:
+    import multiprocessing as mp
+
+    return hasattr(os, "fork") and "fork" in mp.get_all_start_methods()
+
+
+def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None) -> None:  # in the forked child
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if fault_path:  # a fatal signal's Python stack goes to a file the parent quotes (not to the terminal)
+        import faulthandler
+
+        try:
+            faulthandler.enable(file=open(fault_path, "w"), all_threads=False)
+        except Exception:
+            pass
+    try:
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("ATTNVERIFY_CHILD_THREADS", "1")))
+    except Exception:
+        pass
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            break
+        if msg is None:
+            break
+        pkey, akey, drawn = msg
+        t0 = time.perf_counter()
+        try:
+            res = objects[pkey].run_example(objects[akey], drawn)
+            if not isinstance(res, ExampleResult):
+                raise TypeError(f"{type(objects[pkey]).__name__}.run_example returned {type(res).__name__}, not ExampleResult")
+            d = res.to_dict()
+        except BaseException as e:  # noqa: BLE001 - anything raised is the example's error, not the child's
+            d = ExampleResult(False, message="".join(traceback.format_exception(type(e), e, e.__traceback__)[-8:]),
+                              severity=1e30, status="error").to_dict()
+        if not d.get("seconds"):
+            d["seconds"] = time.perf_counter() - t0
+        try:
+            conn.send(d)
+        except Exception as e:  # unpicklable records: send what can be sent
+            d = {**d, "records": [], "message": (d.get("message") or "") + f"\n(records dropped: {e})"}
+            conn.send(d)
+
+
+class SubprocessRunner:
+    """`runner(prop, adapter, drawn) -> ExampleResult`, judging in a forked child (see module doc)."""
+
+    def __init__(self, timeout: Optional[float] = DEFAULT_TIMEOUT):
+        if not fork_available():
+            raise RuntimeError("SubprocessRunner needs os.fork (POSIX); use --attn-isolate=none here")
+        self.timeout = None if (timeout is None or timeout <= 0) else float(timeout)
+        self._objects: Dict[int, Any] = {}
+        self._proc = None
+        self._conn = None
+        self._child_keys: frozenset = frozenset()
+        self._fault_path: Optional[str] = None
+        self._last_fault = ""
+        self.restarts = 0  # children started after the first (crashes, timeouts, new objects)
+        self.started = 0
+
+    # -- child management
+    def _start(self) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork")
+        parent, child = ctx.Pipe(duplex=True)
+        objects = dict(self._objects)
+        import tempfile
+
+        fd, self._fault_path = tempfile.mkstemp(prefix="attnverify-fault-", suffix=".txt")
+        os.close(fd)
+        proc = ctx.Process(target=_child_main, args=(child, objects, self._fault_path), daemon=True,
+                           name="attnverify-judge")
+        proc.start()
+        child.close()
+        self._proc, self._conn, self._child_keys = proc, parent, frozenset(objects)
+        if self.started:
+            self.restarts += 1
+        self.started += 1
+
+    def _stop(self, kill: bool = False) -> Optional[int]:
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if proc is None:
+            return None
+        if kill and proc.is_alive():
+            proc.kill()
+        elif proc.is_alive():
+            try:
+                conn.send(None)
+            except Exception:
+                pass
+            proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+        proc.join(5.0)
+        try:
+            conn.close()
+        except Exception:
+            pass
+        self._last_fault = _read_fault(self._fault_path)
+        return proc.exitcode
+
+    def close(self) -> None:
+        self._stop()
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self._stop(kill=True)
+        except Exception:
+            pass
+
+    @property
+    def pid(self) -> Optional[int]:
+        return None if self._proc is None else self._proc.pid
+
+    # -- one example
+    def __call__(self, prop, adapter, drawn) -> ExampleResult:
+        pk, ak = id(prop), id(adapter)
+        self._objects.setdefault(pk, prop)
+        self._objects.setdefault(ak, adapter)
+        if self._proc is not None and not ({pk, ak} <= self._child_keys and self._proc.is_alive()):
+            self._stop()  # a new property/adapter since the fork (or a dead child): fork afresh
+        if self._proc is None:
+            self._start()
+        t0 = time.perf_counter()
+        try:
+            self._conn.send((pk, ak, drawn))
+        except (BrokenPipeError, OSError):
+            self._stop(kill=True)
+            self._start()
+            self._conn.send((pk, ak, drawn))
+        ready = self._conn.poll(self.timeout)
+        if not ready:
+            self._stop(kill=True)
+            return self._dead(prop, adapter, drawn, time.perf_counter() - t0, timeout=True)
+        try:
+            d = self._conn.recv()
+        except (EOFError, OSError, ConnectionResetError):
+            code = self._stop(kill=True)
+            return self._dead(prop, adapter, drawn, time.perf_counter() - t0, exitcode=code)
+        return ExampleResult.from_dict(d)
+
+    def _dead(self, prop, adapter, drawn, seconds: float, *, timeout: bool = False,
+              exitcode: Optional[int] = None) -> ExampleResult:
+        from .journal import case_hint
+
+        case = case_hint(drawn)
+        where = f"{getattr(adapter, 'name', adapter)} on {getattr(prop, 'name', prop)}"
+        shape = "" if case else f"\ndrawn: {drawn!r}"[:2000]
+        if timeout:
+            status = "timeout"
+            msg = (f"TIMEOUT: {where} did not finish within {self.timeout:g} s (--attn-timeout); "
+                   f"the judging process was killed and restarted{shape}")
+        else:
+            status = "crashed"
+            if exitcode is not None and exitcode < 0:
+                how = f"killed by signal {signal_name(-exitcode)}"
+            elif exitcode is None:
+                how = "vanished (no exit status)"
+            else:
+                how = f"exited with status {exitcode}"
+            msg = f"CRASHED: the process judging {where} {how}; it was restarted{shape}"
+            if self._last_fault:
+                msg += "\nwhere it died (innermost first):\n" + self._last_fault
+        return ExampleResult(False, message=msg, severity=1e30, case=case, status=status, seconds=seconds)
+
+
+def _read_fault(path: Optional[str], max_frames: int = 8) -> str:
+    """The innermost frames of a faulthandler dump, up to the judge's own loop; removes the file."""
+    if not path:
+        return ""
+    try:
+        with open(path) as f:
+            text = f.read()
+        os.unlink(path)
+    except OSError:
+        return ""
+    frames = []
+    for ln in text.splitlines():
+        ln = ln.rstrip()
+        if ln.strip().startswith("File "):
+            if ln.endswith(" in _child_main") or __file__ in ln:
+                break
+            frames.append("  " + ln.strip())
+            if len(frames) >= max_frames:
+                break
+    return "\n".join(frames)
+
+
+class InProcessRunner:
+    """The plain runner (`--attn-isolate=none`): prop.run_example in this process."""
+
+    def __call__(self, prop, adapter, drawn) -> ExampleResult:
+        t0 = time.perf_counter()
+        try:
+            res = prop.run_example(adapter, drawn)
+        except Exception as e:  # noqa: BLE001
+            res = ExampleResult(False, message="".join(traceback.format_exception(type(e), e, e.__traceback__)[-8:]),
+                                severity=1e30, status="error")
+        if not res.seconds:
+            res.seconds = time.perf_counter() - t0
+        return res
+
+    def close(self) -> None:
+        pass
+
+
+def make_runner(isolate: str = "auto", timeout: Optional[float] = DEFAULT_TIMEOUT):
+    """auto -> subprocess where fork exists, else in-process."""
+    if isolate not in ("auto", "subprocess", "none"):
+        raise ValueError(f"isolate={isolate!r}: use auto, subprocess or none")
+    if isolate == "none" or (isolate == "auto" and not fork_available()):
+        return InProcessRunner()
+    return SubprocessRunner(timeout=timeout)

@@ -1,0 +1,245 @@
+"""FlashAttention-2 style forward kernel (Triton), with every SPEC feature.
+
+One program computes a (BLOCK_M x Dv) tile of the output for one (batch or segment, query head).
+Scores are kept in base-2 units (`s * log2(e)`) so the online softmax can use `exp2`; the LSE
+stored is natural-log. Features are compile-time constants, so a plain call compiles to a plain
+kernel:
+
+- IS_CAUSAL with CAUSAL_OFFSET_BR (bottom-right: diagonal at i + Lk - Lq, else top-left: at i),
+- HAS_WINDOW (bounds bottom-right aligned, inclusive; -1 = unbounded, passed as a huge number),
+- HAS_SOFTCAP (s = c * tanh(s / c) after scaling), HAS_ALIBI (s -= slope * |i + Lk - Lq - j|),
+- IS_VARLEN (cu_seqlens: segment z of the queries sees only segment z of the keys),
+- head dims padded to powers of two (BLOCK_D, BLOCK_DV) with masked loads/stores,
+- UPCAST: convert dot operands to fp32 (the Triton interpreter's bf16 dot is wrong).
+
+A row that sees no key keeps m = -inf and l = 0: exponentials use a safe max of 0 so no
+`-inf - -inf` is ever formed; the row's output is 0 and its LSE -inf.
+
+Nothing here touches a GPU at import; TRITON_INTERPRET must be set before this module is imported
+for the interpreter to be used.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E_F = 1.4426950408889634  # host-side floats
+LN2_F = 0.6931471805599453
+LOG2E = tl.constexpr(LOG2E_F)  # globals read inside @triton.jit must be constexpr
+LN2 = tl.constexpr(LN2_F)
+BIG = 1 << 30  # "unbounded" window side
+
+
+@triton.jit
+def _tanh(x):
+    """tanh in fp32 without libdevice (the interpreter has none): series near 0, exp form elsewhere."""
+    ax = tl.abs(x)
+    e = tl.exp(-2.0 * ax)
+    big = (1.0 - e) / (1.0 + e)
+    x2 = ax * ax
+    small = ax * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * (-0.05396825396825397))))
+    t = tl.where(ax < 0.125, small, big)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _scores(qk, ii, jj, seq_k, diag_off, causal_off, win_left, win_right, slope,
+            scale, qk_scale, softcap_scale, softcap_c2,
+            MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+            HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, BOUNDS: tl.constexpr = True):
+    """Raw q.k (fp32) -> final scores in log2 units, and tanh (for softcap grads).
+
+    `ii` (query index) and `jj` (key index) are 2-D broadcastable index tensors, so the same code
+    serves the (M, N) orientation of the forward and dQ and the (N, M) one of dK/dV.
+    """
+    if HAS_SOFTCAP:
+        t = _tanh(qk * softcap_scale)  # softcap_scale = scale / c
+        s = t * softcap_c2  # softcap_c2 = c * log2(e)
+    else:
+        t = qk
+        s = qk * qk_scale  # qk_scale = scale * log2(e)
+    if HAS_ALIBI:
+        dist = tl.abs(ii + diag_off - jj).to(tl.float32)
+        s = s - (slope * LOG2E) * dist
+    if MASK:
+        if BOUNDS:
+            vis = jj < seq_k
+        else:  # keys past Lk are zero-loaded; in the backward they only reach unstored rows
+            vis = jj >= 0
+        if IS_CAUSAL:
+            vis = vis & (jj <= ii + causal_off)
+        if HAS_WINDOW:
+            vis = vis & (jj >= ii + diag_off - win_left)
+            vis = vis & (jj <= ii + diag_off + win_right)
+        s = tl.where(vis, s, float("-inf"))
+    return s, t
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
+               lo, hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left, win_right, slope,
+               scale, qk_scale, softcap_scale, softcap_c2,
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+               EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, MASK: tl.constexpr,
+               IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+               HAS_ALIBI: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kk  # (D, N): K^T
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vk
+        if MASK:
+            kmask = offs_n[None, :] < seq_k
+            vmask = offs_n[:, None] < seq_k
+            if not EVEN_D:
+                kmask = kmask & (offs_d[:, None] < HEAD_DIM)
+            if not EVEN_DV:
+                vmask = vmask & (offs_dv[None, :] < HEAD_DIM_V)
+            kt = tl.load(k_ptrs, mask=kmask, other=0.0)
+            v = tl.load(v_ptrs, mask=vmask, other=0.0)
+        else:
+            if EVEN_D:
+                kt = tl.load(k_ptrs)
+            else:
+                kt = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            if EVEN_DV:
+                v = tl.load(v_ptrs)
+            else:
+                v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
+        qk = _dot(q, kt, UPCAST, IEEE)
+        s, _t = _scores(qk, offs_m[:, None], offs_n[None, :], seq_k, diag_off, causal_off, win_left, win_right, slope,
+                        scale, qk_scale, softcap_scale, softcap_c2,
+                        MASK, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASK:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # never -inf - -inf
+        else:
+            m_use = m_new  # every row saw at least one finite score in this tile
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = acc + _dot(p.to(v.dtype), v, UPCAST, IEEE)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(
+    Q, K, V, O, LSE, SLOPES, CU_Q, CU_K,
+    stride_qz, stride_qh, stride_qm, stride_qk,
+    stride_kz, stride_kh, stride_kn, stride_kk,
+    stride_vz, stride_vh, stride_vn, stride_vk,
+    stride_oz, stride_oh, stride_om, stride_ok,
+    stride_lz, stride_lh, stride_lm,
+    stride_az, stride_ah,
+    H, GROUP, seq_q_arg, seq_k_arg,
+    scale, qk_scale, softcap_scale, softcap_c2, win_left, win_right,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, CAUSAL_BR: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, IS_VARLEN: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    off_zh = tl.program_id(1)
+    off_z = off_zh // H
+    off_h = off_zh % H
+    off_hk = off_h // GROUP
+    if IS_VARLEN:
+        q_start = tl.load(CU_Q + off_z)
+        seq_q = tl.load(CU_Q + off_z + 1) - q_start
+        k_start = tl.load(CU_K + off_z)
+        seq_k = tl.load(CU_K + off_z + 1) - k_start
+        b_idx = off_z * 0
+    else:
+        q_start = off_z * 0
+        k_start = off_z * 0
+        seq_q = seq_q_arg
+        seq_k = seq_k_arg
+        b_idx = off_z
+    if start_m * BLOCK_M >= seq_q:
+        return
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    EVEN_DV: tl.constexpr = HEAD_DIM_V == BLOCK_DV
+    diag_off = seq_k - seq_q
+    if CAUSAL_BR:
+        causal_off = diag_off
+    else:
+        causal_off = 0
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q_base = Q + b_idx.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
+    k_base = K + b_idx.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
+    v_base = V + b_idx.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
+    q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
+    q_mask = offs_m[:, None] < seq_q
+    if not EVEN_D:
+        q_mask = q_mask & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(q_ptrs, mask=q_mask, other=0.0)
+
+    if HAS_ALIBI:
+        slope = tl.load(SLOPES + b_idx * stride_az + off_h * stride_ah).to(tl.float32)
+    else:
+        slope = 0.0
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+    # key range this query block can see
+    m_lo = start_m * BLOCK_M
+    m_hi = tl.minimum(m_lo + BLOCK_M, seq_q)  # exclusive
+    hi = seq_k
+    lo = 0
+    if IS_CAUSAL:
+        hi = tl.minimum(hi, m_hi + causal_off)
+    if HAS_WINDOW:
+        hi = tl.minimum(hi, m_hi + diag_off + win_right)
+        lo = tl.maximum(lo, m_lo + diag_off - win_left)
+        lo = (lo // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(hi, 0)
+    # blocks [lo, full_hi) need no element mask: inside Lk and (causal) wholly under the diagonal
+    if HAS_WINDOW:
+        full_hi = lo
+    else:
+        full_hi = (seq_k // BLOCK_N) * BLOCK_N
+        if IS_CAUSAL:
+            full_hi = tl.minimum(full_hi, (tl.maximum(m_lo + causal_off + 1, 0) // BLOCK_N) * BLOCK_N)
+        full_hi = tl.minimum(full_hi, hi)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
+                               lo, full_hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left, win_right,
+                               slope, scale, qk_scale, softcap_scale, softcap_c2,
+                               BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, False,
+                               IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
+                               tl.maximum(full_hi, lo), hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off,
+                               win_left, win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
+                               BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, True,
+                               IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
+
+    has = l_i > 0.0
+    l_safe = tl.where(has, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(has, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
+
+    o_base = O + b_idx.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh + q_start.to(tl.int64) * stride_om
+    o_ptrs = o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_ok
+    o_mask = offs_m[:, None] < seq_q
+    if not EVEN_DV:
+        o_mask = o_mask & (offs_dv[None, :] < HEAD_DIM_V)
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_mask)
+    l_ptrs = LSE + b_idx.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + (q_start + offs_m) * stride_lm
+    tl.store(l_ptrs, lse, mask=offs_m < seq_q)

@@ -1,0 +1,220 @@
+"""Host launchers: tensors + Spec -> grid, strides and compile-time flags for the Triton kernels.
+
+Block sizes are parameters (`block_m`, `block_n`, and for the backward `bwd_block_m`, `bwd_block_n`),
+so tests can run several tile partitions. `default_config(...)` gives the tiles the adapter uses:
+large tiles under the interpreter (each inner-loop iteration costs milliseconds there), and on a GPU
+a per-head-dim table tuned on an H200 (see BENCHMARKS.md).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+
+from . import flash_bwd, flash_fwd
+
+BIG = flash_fwd.BIG
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@dataclass(frozen=True)
+class Config:
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 1
+    bwd_block_m: int = 64
+    bwd_block_n: int = 64
+    bwd_warps: int = 4
+    bwd_stages: int = 1
+
+
+# tiles used under the interpreter (and claimed by the adapter there)
+INTERPRETER_CONFIG = Config(64, 64, bwd_block_m=64, bwd_block_n=64)
+
+
+def default_config(head_dim: int, dtype: torch.dtype, device_type: str) -> Config:
+    if device_type != "cuda" or interpreting():
+        return INTERPRETER_CONFIG
+    bd = max(16, triton_next_pow2(head_dim))
+    if dtype == torch.float32:
+        if bd <= 64:
+            return Config(64, 32, 4, 3, 32, 64, 4, 2)
+        if bd <= 128:
+            return Config(32, 32, 4, 2, 32, 32, 4, 2)
+        return Config(32, 16, 4, 1, 16, 32, 4, 1)
+    if bd <= 64:
+        return Config(128, 64, 4, 4, 64, 128, 8, 2)
+    if bd <= 128:
+        return Config(128, 64, 8, 3, 64, 128, 8, 2)
+    return Config(64, 32, 4, 2, 32, 64, 4, 1)
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@dataclass
+class Prepared:
+    """Everything both directions need, derived once from the inputs and the Spec."""
+
+    b: int
+    hq: int
+    hkv: int
+    lq: int
+    lk: int
+    d: int
+    dv: int
+    n_batch: int  # programs along the batch axis: B, or the number of segments
+    max_q: int
+    max_k: int
+    cu_q: Optional[torch.Tensor]
+    cu_k: Optional[torch.Tensor]
+    slopes: Optional[torch.Tensor]
+    stride_az: int
+    stride_ah: int
+    scale: float
+    qk_scale: float
+    softcap_scale: float
+    softcap_c2: float
+    win_left: int
+    win_right: int
+    flags: dict
+
+
+def prepare(q, k, v, spec) -> Prepared:
+    b, hq, lq, d = q.shape
+    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
+    if hq % hkv:
+        raise ValueError(f"triton attention: Hq={hq} is not a multiple of Hkv={hkv}")
+    if spec.attn_mask is not None:
+        raise NotImplementedError("triton attention: attn_mask is not implemented")
+    if spec.dropout_p:
+        raise NotImplementedError("triton attention: dropout is not implemented")
+    scale = spec.resolved_scale(d)
+    cu_q = cu_k = None
+    n_batch, max_q, max_k = b, lq, lk
+    if spec.is_varlen:
+        if b != 1:
+            raise ValueError("triton attention: varlen packs need B == 1")
+        cu_q = torch.as_tensor(spec.cu_seqlens_q, device=q.device).to(torch.int32).contiguous()
+        cu_k = torch.as_tensor(spec.cu_seqlens_k, device=q.device).to(torch.int32).contiguous()
+        n_batch = cu_q.numel() - 1
+        if spec.max_seqlen_q is not None and spec.max_seqlen_k is not None:
+            max_q, max_k = int(spec.max_seqlen_q), int(spec.max_seqlen_k)
+        else:
+            max_q = int((cu_q[1:] - cu_q[:-1]).max()) if n_batch else 0
+            max_k = int((cu_k[1:] - cu_k[:-1]).max()) if n_batch else 0
+    slopes = None
+    stride_az = stride_ah = 0
+    if spec.alibi_slopes is not None:
+        slopes = torch.as_tensor(spec.alibi_slopes, device=q.device).to(torch.float32).contiguous()
+        if slopes.dim() == 1:
+            stride_az, stride_ah = 0, 1
+        else:
+            stride_az, stride_ah = slopes.stride(0), slopes.stride(1)
+    if spec.softcap is not None:
+        c = float(spec.softcap)
+        softcap_scale, softcap_c2 = scale / c, c * flash_fwd.LOG2E_F
+    else:
+        softcap_scale, softcap_c2 = 1.0, 1.0
+    win_left = win_right = BIG
+    if spec.window is not None:
+        left, right = spec.window
+        win_left = BIG if left < 0 else int(left)
+        win_right = BIG if right < 0 else int(right)
+    flags = dict(
+        IS_CAUSAL=spec.causal != "none",
+        CAUSAL_BR=spec.causal == "bottom_right",
+        HAS_WINDOW=spec.window is not None and tuple(spec.window) != (-1, -1),
+        HAS_SOFTCAP=spec.softcap is not None,
+        HAS_ALIBI=slopes is not None,
+        IS_VARLEN=cu_q is not None,
+        UPCAST=interpreting(),
+        IEEE=q.dtype == torch.float32,
+    )
+    return Prepared(b, hq, hkv, lq, lk, d, dv, n_batch, max_q, max_k, cu_q, cu_k, slopes, stride_az, stride_ah,
+                    scale, scale * flash_fwd.LOG2E_F, softcap_scale, softcap_c2, win_left, win_right, flags)
+
+
+def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[int] = None,
+            num_warps: Optional[int] = None, num_stages: Optional[int] = None, prep: Optional[Prepared] = None):
+    """Returns (out, lse, prep): out (B, Hq, Lq, Dv) in q's dtype, lse (B, Hq, Lq) float32 natural log."""
+    p = prep or prepare(q, k, v, spec)
+    cfg = default_config(p.d, q.dtype, q.device.type)
+    bm, bn = block_m or cfg.block_m, block_n or cfg.block_n
+    nw, ns = num_warps or cfg.num_warps, num_stages or cfg.num_stages
+    out = torch.empty(p.b, p.hq, p.lq, p.dv, device=q.device, dtype=q.dtype)
+    lse = torch.empty(p.b, p.hq, p.lq, device=q.device, dtype=torch.float32)
+    if p.lq == 0 or p.n_batch == 0 or p.max_q == 0:
+        return out, lse, p
+    grid = (triton.cdiv(p.max_q, bm), p.n_batch * p.hq)
+    flash_fwd._attn_fwd[grid](
+        q, k, v, out, lse, p.slopes if p.slopes is not None else lse,
+        p.cu_q if p.cu_q is not None else lse, p.cu_k if p.cu_k is not None else lse,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+        p.stride_az, p.stride_ah,
+        p.hq, p.hq // p.hkv, p.lq, p.lk,
+        p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
+        HEAD_DIM=p.d, HEAD_DIM_V=p.dv, BLOCK_D=max(16, triton_next_pow2(p.d)), BLOCK_DV=max(16, triton_next_pow2(p.dv)),
+        BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns, **p.flags,
+    )
+    return out, lse, p
+
+
+def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = None, block_n: Optional[int] = None,
+             num_warps: Optional[int] = None, num_stages: Optional[int] = None, prep: Optional[Prepared] = None):
+    """Returns (dq, dk, dv) in the inputs' dtype. d_lse may be None."""
+    p = prep or prepare(q, k, v, spec)
+    cfg = default_config(p.d, q.dtype, q.device.type)
+    bm, bn = block_m or cfg.bwd_block_m, block_n or cfg.bwd_block_n
+    nw, ns = num_warps or cfg.bwd_warps, num_stages or cfg.bwd_stages
+    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
+    dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
+    if p.lq == 0 or p.lk == 0 or p.n_batch == 0:
+        dq.zero_(); dk.zero_(); dv.zero_()
+        return dq, dk, dv
+    if p.flags["IS_VARLEN"]:
+        # rows outside every segment (if cu_seqlens do not cover the pack) get no program
+        dq.zero_(); dk.zero_(); dv.zero_()
+    bdv = max(16, triton_next_pow2(p.dv))
+    bd = max(16, triton_next_pow2(p.d))
+    delta = torch.empty(p.b, p.hq, p.lq, device=q.device, dtype=torch.float32)
+    pre_m = 64
+    dl = d_lse if d_lse is not None else delta
+    dl_strides = d_lse.stride() if d_lse is not None else (0, 0, 0)
+    flash_bwd._bwd_preprocess[(triton.cdiv(p.lq, pre_m), p.b * p.hq)](
+        out, d_out, dl, delta, *out.stride(), *d_out.stride(), *dl_strides, p.hq, p.lq,
+        HEAD_DIM_V=p.dv, BLOCK_DV=bdv, BLOCK_M=pre_m, HAS_DLSE=d_lse is not None,
+    )
+    slopes = p.slopes if p.slopes is not None else delta
+    cu_q = p.cu_q if p.cu_q is not None else delta
+    cu_k = p.cu_k if p.cu_k is not None else delta
+    common = dict(HEAD_DIM=p.d, HEAD_DIM_V=p.dv, BLOCK_D=bd, BLOCK_DV=bdv, num_warps=nw, num_stages=ns, **p.flags)
+    flash_bwd._bwd_dkdv[(triton.cdiv(p.max_k, bn), p.n_batch * p.hkv)](
+        q, k, v, d_out, lse, delta, dk, dv, slopes, cu_q, cu_k,
+        *q.stride(), *k.stride(), *v.stride(), *d_out.stride(), *dk.stride(), *dv.stride(),
+        p.stride_az, p.stride_ah,
+        p.hq, p.hkv, p.hq // p.hkv, p.lq, p.lk, p.lq,
+        p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
+        BLOCK_M=bm, BLOCK_N=bn, **common,
+    )
+    # dQ runs the transposed partition (queries outer in blocks of bn, keys inner in blocks of bm)
+    flash_bwd._bwd_dq[(triton.cdiv(p.max_q, bn), p.n_batch * p.hq)](
+        q, k, v, d_out, lse, delta, dq, slopes, cu_q, cu_k,
+        *q.stride(), *k.stride(), *v.stride(), *d_out.stride(), *dq.stride(),
+        p.stride_az, p.stride_ah,
+        p.hq, p.hq // p.hkv, p.lq, p.lk, p.lq,
+        p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
+        BLOCK_M=bn, BLOCK_N=bm, **common,
+    )
+    return dq, dk, dv
+

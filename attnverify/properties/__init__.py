@@ -1,0 +1,28 @@
+"""The properties the plugin runs, one Hypothesis test each (test id `test_<name>[adapter]`).
+
+    from attnverify.properties import PROPERTIES, get_property
+    from attnverify.properties.driver import run_property
+    run_property(get_property("forward_matches_reference"), adapter, profile="ci")
+"""
+from ._props import (
+    PROPERTIES, CaseProperty, MetamorphicProperty,
+)
+from .base import ExampleResult, Property
+from .profiles import DEFAULT_PROFILE, hypothesis_settings, register_profiles
+
+
+def get_property(name: str) -> Property:
+    for p in PROPERTIES:
+        if p.name == name or p.test_name == name:
+            return p
+    raise KeyError(f"unknown property {name!r}; known: {', '.join(p.name for p in PROPERTIES)}")
+
+
+def run_property(*args, **kwargs):
+    from .driver import run_property as _run
+
+    return _run(*args, **kwargs)
+
+
+__all__ = ["PROPERTIES", "get_property", "run_property", "Property", "ExampleResult", "CaseProperty",
+           "MetamorphicProperty", "hypothesis_settings", "register_profiles", "DEFAULT_PROFILE"]

@@ -1,0 +1,608 @@
+"""The properties: what `pytest --adapter=X` runs, one Hypothesis test each.
+
+A drawn example is `{"recipe": CaseRecipe dict, ...parameters}`; `run_example` rebuilds the case
+and judges it. Reference properties go through `check`; metamorphic ones compare the adapter
+with itself, with a tolerance widened by what the same transformation does to `naive`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import traceback
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from hypothesis import strategies as st
+
+from ..case import Case, CaseRecipe, build_case
+from ..check import UsageError, _same, _unpack, check, unclaimed
+from ..compare import Comparison, compare, error_stats
+from ..reference import reference_forward
+from ..spec import Spec
+from ..strategies import attention_cases, corpus, fully_masked_row_count
+from ..tolerances import tolerance_for
+from .base import ExampleResult, Property
+
+
+def _result_from_check(res, case) -> ExampleResult:
+    return ExampleResult(
+        passed=res.passed, message="" if res.passed else res.message(), severity=res.severity(),
+        records=[res.to_dict()], case=case.to_dict(), status=res.status if res.status != "error" else "error",
+        seconds=res.seconds,
+    )
+
+
+class CaseProperty(Property):
+    """A property over drawn CaseRecipes. Subclasses set `case_kwargs`, maybe `params` and `judge`."""
+
+    case_kwargs: Dict[str, Any] = {}
+    backward_cases = False
+
+    def kwargs(self, adapter) -> dict:
+        return dict(self.case_kwargs)
+
+    def params(self, adapter):
+        """Extra JSON-able parameters drawn beside the recipe (a strategy of dicts)."""
+        return st.just({})
+
+    def adapt(self, adapter, r: CaseRecipe) -> Optional[CaseRecipe]:
+        """Bend a corpus case to this property (None drops it)."""
+        return r
+
+    def keep(self, r: CaseRecipe) -> bool:
+        return True
+
+    def strategy(self, adapter, profile: str, device: str):
+        cases = attention_cases(adapter=adapter, profile=profile, device=device, backward=self.backward_cases,
+                                **self.kwargs(adapter))
+        if type(self).keep is not CaseProperty.keep:
+            cases = cases.filter(self.keep)
+        return st.tuples(cases, self.params(adapter)).map(lambda t: {"recipe": t[0].to_dict(), **t[1]})
+
+    def examples(self, adapter, profile: str, device: str) -> List[Any]:
+        if self.skip_reason(adapter):
+            return []
+        out = []
+        for r in corpus(adapter, profile=profile, device=device, adapt=lambda r: self.adapt(adapter, r)):
+            if self.keep(r):
+                out.append({"recipe": r.to_dict(), **self.default_params()})
+        return out
+
+    def default_params(self) -> dict:
+        return {}
+
+    def run_example(self, adapter, drawn) -> ExampleResult:
+        t0 = time.perf_counter()
+        case = None
+        try:
+            case = build_case(CaseRecipe.from_dict(drawn["recipe"]), label=self.name)
+            res = self.judge(adapter, case, {k: v for k, v in drawn.items() if k != "recipe"})
+        except Exception as e:
+            tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-6:])
+            res = ExampleResult(False, message=f"{self.name}: the property raised {type(e).__name__}: {e}\n{tb}",
+                                severity=1e30, status="error", case=None if case is None else case.to_dict())
+        res.seconds = time.perf_counter() - t0
+        if res.case is None and case is not None:
+            res.case = case.to_dict()
+        return res
+
+    def judge(self, adapter, case: Case, params: dict) -> ExampleResult:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------------
+# against the float64 reference
+
+
+class ForwardMatchesReference(CaseProperty):
+    name = "forward_matches_reference"
+    doc = "The output (and LSE when returned) matches the float64 reference on every claimed case."
+    case_kwargs = dict(dropout=False, poison=False)
+
+    def judge(self, adapter, case, params):
+        return _result_from_check(check(adapter, case, backward=False), case)
+
+
+class GradientsMatchReference(CaseProperty):
+    name = "gradients_match_reference"
+    doc = "dQ, dK and dV match the float64 reference's explicit backward."
+    needs = ("backward",)
+    case_kwargs = dict(dropout=False, poison=False)
+    backward_cases = True
+
+    def judge(self, adapter, case, params):
+        return _result_from_check(check(adapter, case, backward=True), case)
+
+
+class LseMatchesReference(CaseProperty):
+    name = "lse_matches_reference"
+    doc = "The returned log-sum-exp (natural log, float32) matches the reference's."
+    needs = ("lse",)
+    case_kwargs = dict(dropout=False, poison=False, return_lse=True)
+
+    def adapt(self, adapter, r):
+        return dataclasses.replace(r, return_lse=True)
+
+    def judge(self, adapter, case, params):
+        return _result_from_check(check(adapter, case, backward=False), case)
+
+
+class FullyMaskedRows(CaseProperty):
+    name = "fully_masked_rows"
+    doc = "Rows with no visible key follow the declared convention (zeros or NaN) in out, LSE and gradients."
+    case_kwargs = dict(dropout=False, poison=False, fully_masked=True)
+    backward_cases = True
+
+    def skip_reason(self, adapter):
+        if adapter.claims.fully_masked == "unsupported":
+            return f"{adapter.name} does not claim fully-masked rows (fully_masked='unsupported')"
+        c = adapter.claims
+        if not (c.attn_mask or "bottom_right" in c.causal or c.window or c.varlen):
+            return f"{adapter.name} does not claim attn_mask, bottom_right causal, window or varlen (no way to mask a row)"
+        return None
+
+    def adapt(self, adapter, r):
+        r = dataclasses.replace(r, return_lse=adapter.claims.lse)
+        return r if fully_masked_row_count(r) else None
+
+    def kwargs(self, adapter):
+        kw = dict(self.case_kwargs)
+        if adapter.claims.lse:
+            kw["return_lse"] = None
+        return kw
+
+    def judge(self, adapter, case, params):
+        res = check(adapter, case, backward=adapter.claims.backward)
+        out = _result_from_check(res, case)
+        if not res.passed:
+            fm = int(torch.isneginf(reference_forward(case.q, case.k, case.v, case.spec).lse).sum()) \
+                if case.spec.dropout_p == 0 else -1
+            out.message += f"\nnote: {fm} fully-masked row(s) in this case; declared convention: {adapter.claims.fully_masked}"
+        return out
+
+
+class CausalAlignment(CaseProperty):
+    name = "causal_alignment"
+    doc = "Causal masking follows the declared alignment (top-left or bottom-right) when Lq != Lk."
+    needs = ("causal",)
+    case_kwargs = dict(dropout=False, poison=False, lq_ne_lk=True)
+
+    def kwargs(self, adapter):
+        return {**self.case_kwargs, "causal": tuple(c for c in adapter.claims.causal if c != "none")}
+
+    def adapt(self, adapter, r):
+        modes = [c for c in adapter.claims.causal if c != "none"]
+        if r.len_q == r.len_k or r.seqlens_q is not None:
+            return None
+        return dataclasses.replace(r, causal=r.causal if r.causal in modes else modes[0])
+
+    def keep(self, r):
+        return r.causal != "none"
+
+    def judge(self, adapter, case, params):
+        res = check(adapter, case, backward=False)
+        out = _result_from_check(res, case)
+        if not res.passed and res.outputs.get("out") is not None:
+            for other in ("top_left", "bottom_right", "none"):
+                if other == case.spec.causal:
+                    continue
+                try:
+                    alt = reference_forward(case.q, case.k, case.v, case.spec.replace(causal=other))
+                except Exception:
+                    continue
+                got = res.outputs["out"].double().cpu()
+                if torch.allclose(torch.nan_to_num(got), torch.nan_to_num(alt.out.cpu()), rtol=1e-2, atol=1e-2):
+                    out.message += f"\ndiagnosis: the output follows causal={other}, but the case asked for causal={case.spec.causal}"
+                    break
+        return out
+
+
+class NonfiniteInputsPropagate(CaseProperty):
+    name = "nonfinite_inputs_propagate"
+    doc = ("NaN/Inf in a visible input makes exactly the rows the reference makes non-finite non-finite; "
+           "every other row still matches.")
+    case_kwargs = dict(dropout=False, poison=True, attn_mask=False, window=False, varlen=False, causal=("none",),
+                       fully_masked=False)
+
+    def adapt(self, adapter, r):
+        if r.causal != "none" or r.mask != "none" or r.key_block is not None or r.window is not None \
+                or r.seqlens_q is not None or r.len_q == 0 or r.len_k == 0:
+            return None
+        which = ("q", 0, 0, r.len_q - 1, 0, "nan") if r.seed % 3 == 0 else (
+            ("k", 0, 0, r.len_k - 1, 0, "inf") if r.seed % 3 == 1 else ("v", 0, 0, 0, 0, "-inf"))
+        return dataclasses.replace(r, poison=(which,))
+
+    def judge(self, adapter, case, params):
+        from ..adapters.naive import naive_attention
+
+        q, k, v = case.q, case.k, case.v
+        with torch.no_grad():
+            out, lse, _ = _unpack(adapter(q, k, v, case.spec))
+            base = naive_attention(q, k, v, case.spec).out
+        ref = reference_forward(q, k, v, case.spec)
+        bad_rows = ~torch.isfinite(ref.out).all(-1, keepdim=True).cpu()
+        b = base.double().cpu().masked_fill(bad_rows, 0.0)
+        r0 = ref.out.cpu().masked_fill(bad_rows, 0.0)
+        brel, babs = error_stats(b, r0)
+        tol = tolerance_for("out", case.dtype, baseline_rel_l2=brel, baseline_max_abs=babs)
+        c = compare("out", out, ref.out, tol, ignore=bad_rows)
+        got_rows = ~torch.isfinite(out.detach().double().cpu()).all(-1, keepdim=True)
+        missing = bad_rows & ~got_rows
+        problems = []
+        if int(missing.sum()):
+            idx = tuple(int(i) for i in missing.nonzero()[0][:3])
+            problems.append(f"{int(missing.sum())} row(s) finite where the reference is non-finite "
+                            f"(e.g. (b, h, i) = {idx}: the NaN/Inf was swallowed)")
+        passed = c.passed and not problems
+        msg = "" if passed else "\n".join(problems + [c.message(), f"poison: {list(case.recipe.poison)}"])
+        sev = (c.rel_l2 / c.tol_norm if c.tol_norm else 0.0) + (1e3 if problems else 0.0)
+        return ExampleResult(passed, msg, severity=min(sev, 1e30), records=[c.to_dict()], case=case.to_dict())
+
+
+# ---------------------------------------------------------------------------------------------------
+# metamorphic: the adapter against itself; the bound widened by what `naive` does under the same change
+
+_TOL_KIND = {"out": "out", "lse": "lse", "dq": "dq", "dk": "dk", "dv": "dv"}
+
+
+def _call(adapter, q, k, v, spec, *, backward=False, gen_seed=0):
+    """Run an adapter; return {"out", "lse"?, "dq", "dk", "dv"?} as detached tensors."""
+    if backward:
+        q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    with torch.enable_grad() if backward else torch.no_grad():
+        out, lse, _ = _unpack(adapter(q, k, v, spec))
+    res = {"out": out.detach()}
+    if isinstance(lse, torch.Tensor):
+        res["lse"] = lse.detach().float()
+    if backward:
+        g = torch.Generator().manual_seed(gen_seed)
+        d_out = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.device, out.dtype)
+        dq, dk, dv = torch.autograd.grad([out], [q, k, v], [d_out], allow_unused=True)
+        res.update(dq=dq, dk=dk, dv=dv)
+    return res
+
+
+class MetamorphicProperty(CaseProperty):
+    """Subclasses implement `pairs(adapter, case, params) -> {name: (got, expected)}`."""
+
+    case_kwargs = dict(dropout=False, poison=False)
+
+    def pairs(self, adapter, case, params) -> Dict[str, Tuple[Any, Any]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def judge(self, adapter, case, params):
+        from ..adapters.naive import naive
+
+        mine = self.pairs(adapter, case, params)
+        base = {}
+        if case.dtype in naive.claims.dtypes and unclaimed(naive, case) is None:
+            try:
+                base = {n: error_stats(g, e) for n, (g, e) in self.pairs(naive, case, params).items()}
+            except Exception:
+                base = {}
+        comps: List[Comparison] = []
+        for n, (got, exp) in mine.items():
+            kind = _TOL_KIND.get(n.split(":")[0], "out")
+            dt = "float32" if kind == "lse" else case.dtype
+            b = base.get(n)
+            tol = tolerance_for(kind, dt, baseline_rel_l2=b[0] if b else None, baseline_max_abs=b[1] if b else None)
+            if exp is None or not isinstance(exp, torch.Tensor):
+                c = compare(n, None, torch.zeros(1, dtype=torch.float64), tol)
+                c.problems = [f"{n}: the adapter returned nothing to compare"]
+            else:
+                c = compare(n, got, exp.detach().double(), tol)
+            c.name = n
+            comps.append(c)
+        failing = [c for c in comps if not c.passed]
+        sev = 0.0
+        for c in comps:
+            r = c.rel_l2 / c.tol_norm if c.tol_norm > 0 else (1e30 if c.rel_l2 > 0 else 0.0)
+            if c.allowed_at_worst:
+                r = max(r, c.max_abs / c.allowed_at_worst)
+            sev = max(sev, r if math.isfinite(r) else 1e30)
+        msg = ""
+        if failing:
+            msg = "\n".join([f"[{adapter.name}] {self.name} FAILED: {case.describe()}", self.doc]
+                            + [c.message() for c in failing] + ([f"parameters: {params}"] if params else []))
+        return ExampleResult(not failing, msg, severity=sev, records=[c.to_dict() for c in comps], case=case.to_dict())
+
+
+def _slice_spec_tensor(t, dims_idx: Dict[int, slice]):
+    if t is None or not isinstance(t, torch.Tensor):
+        return t
+    for d, s in dims_idx.items():
+        if d < t.dim() and t.shape[d] > 1:
+            t = t[(slice(None),) * d + (s,)]
+    return t
+
+
+class KvPermutationInvariance(MetamorphicProperty):
+    name = "kv_permutation_invariance"
+    doc = "Permuting keys and values jointly (no position-dependent masking) leaves the output unchanged."
+    case_kwargs = dict(dropout=False, poison=False, causal=("none",), window=False, alibi=False, varlen=False)
+
+    def params(self, adapter):
+        return st.fixed_dictionaries({"perm_seed": st.integers(0, 2**16)})
+
+    def default_params(self):
+        return {"perm_seed": 1}
+
+    def adapt(self, adapter, r):
+        if r.causal != "none" or r.window is not None or r.alibi or r.seqlens_q is not None:
+            return None
+        return r
+
+    def pairs(self, adapter, case, params):
+        lk = case.k.shape[2]
+        g = torch.Generator().manual_seed(int(params.get("perm_seed", 0)))
+        perm = torch.randperm(lk, generator=g).to(case.k.device)
+        s = case.spec
+        m = s.attn_mask
+        if m is not None and m.shape[-1] > 1:
+            m = m[..., perm]
+        a = _call(adapter, case.q, case.k, case.v, s)
+        b = _call(adapter, case.q, case.k[:, :, perm], case.v[:, :, perm], s.replace(attn_mask=m))
+        return {n: (b[n], a[n]) for n in a}
+
+
+class BatchHeadIndependence(MetamorphicProperty):
+    name = "batch_head_independence"
+    doc = "Each (batch, kv-head group) computed alone gives what it gives inside the full call."
+    case_kwargs = dict(dropout=False, poison=False, varlen=False)
+
+    def keep(self, r):
+        return r.batch > 1 or r.heads_kv > 1
+
+    def params(self, adapter):
+        return st.fixed_dictionaries({"pick": st.integers(0, 2**16)})
+
+    def default_params(self):
+        return {"pick": 1}
+
+    def adapt(self, adapter, r):
+        return r if r.seqlens_q is None else None
+
+    def pairs(self, adapter, case, params):
+        b, hq = case.q.shape[:2]
+        hkv = case.k.shape[1]
+        g = hq // hkv
+        pick = int(params.get("pick", 0))
+        bi, hi = pick % b, (pick // b) % hkv
+        s = case.spec
+        bs, hs = slice(bi, bi + 1), slice(hi * g, (hi + 1) * g)
+        mask = _slice_spec_tensor(s.attn_mask, {0: bs, 1: hs})
+        slopes = s.alibi_slopes
+        if isinstance(slopes, torch.Tensor):
+            slopes = slopes[hs] if slopes.dim() == 1 else slopes[bs, hs]
+        full = _call(adapter, case.q, case.k, case.v, s)
+        part = _call(adapter, case.q[bs, hs], case.k[bs, hi:hi + 1], case.v[bs, hi:hi + 1],
+                     s.replace(attn_mask=mask, alibi_slopes=slopes))
+        out = {"out": (part["out"], full["out"][bs, hs])}
+        if "lse" in full and "lse" in part:
+            out["lse"] = (part["lse"], full["lse"][bs, hs])
+        return out
+
+
+class RowShiftInvariance(MetamorphicProperty):
+    name = "row_shift_invariance"
+    doc = "Adding a constant to every score of a row changes no output; the LSE moves by exactly that constant."
+    case_kwargs = dict(dropout=False, poison=False, softcap=False, extreme_values=False)
+
+    def params(self, adapter):
+        return st.fixed_dictionaries({"shift": st.sampled_from((3.0, -20.0, 100.0, -120.0, 1000.0, -1000.0))})
+
+    def default_params(self):
+        return {"shift": 100.0}
+
+    def adapt(self, adapter, r):
+        if r.softcap is not None:
+            return None
+        return dataclasses.replace(r, row_shift=0.0, late_boost=1.0, late_from=None)
+
+    def pairs(self, adapter, case, params):
+        s = case.spec
+        d = case.q.shape[-1]
+        sc = s.resolved_scale(d)
+        q0, k0 = case.q.clone(), case.k.clone()
+        k0[..., 0] = 1.0
+        q0[..., 0] = 0.0
+        g = torch.Generator().manual_seed(int(case.seed) + 7)
+        c = float(params.get("shift", 100.0)) * (0.5 + torch.rand(case.q.shape[:3], generator=g, dtype=torch.float64))
+        q1 = q0.clone()
+        q1[..., 0] = (c / sc).to(q1.dtype).to(q1.device)
+        shift_actual = q1[..., 0].double().cpu() * sc  # what was really added, after rounding to the dtype
+        a = _call(adapter, q0, k0, case.v, s)
+        b = _call(adapter, q1, k0, case.v, s)
+        out = {"out": (b["out"], a["out"])}
+        if "lse" in a and "lse" in b:
+            exp = a["lse"].double().cpu() + shift_actual
+            out["lse"] = (b["lse"], exp)
+        return out
+
+
+class GqaEqualsRepeatedKv(MetamorphicProperty):
+    name = "gqa_equals_repeated_kv"
+    doc = "Grouped-query attention equals attention over K/V repeated per group (grouped mapping h // (Hq/Hkv))."
+    needs = ("gqa",)
+    case_kwargs = dict(dropout=False, poison=False, gqa=True)
+    backward_cases = True
+
+    def adapt(self, adapter, r):
+        return r if r.heads_q != r.heads_kv else None
+
+    def pairs(self, adapter, case, params):
+        hq, hkv = case.q.shape[1], case.k.shape[1]
+        g = hq // hkv
+        bwd = adapter.claims.backward
+        kr, vr = case.k.repeat_interleave(g, 1), case.v.repeat_interleave(g, 1)
+        a = _call(adapter, case.q, case.k, case.v, case.spec, backward=bwd, gen_seed=case.seed)
+        b = _call(adapter, case.q, kr, vr, case.spec, backward=bwd, gen_seed=case.seed)
+        out = {"out": (a["out"], b["out"])}
+        if "lse" in a and "lse" in b:
+            out["lse"] = (a["lse"], b["lse"])
+        if bwd:
+            out["dq"] = (a["dq"], b["dq"])
+            for n in ("dk", "dv"):
+                rb = b[n]
+                if rb is not None:
+                    rb = rb.double().reshape(rb.shape[0], hkv, g, *rb.shape[2:]).sum(2)
+                out[n] = (a[n], rb)
+        return out
+
+
+class ValueScaling(MetamorphicProperty):
+    name = "value_scaling"
+    doc = "Scaling V by a power of two scales the output by it (attention is linear in V)."
+    case_kwargs = dict(dropout=False, poison=False)
+
+    def params(self, adapter):
+        return st.fixed_dictionaries({"alpha": st.sampled_from((2.0, 0.5, -1.0, 4.0))})
+
+    def default_params(self):
+        return {"alpha": 2.0}
+
+    def pairs(self, adapter, case, params):
+        alpha = float(params.get("alpha", 2.0))
+        a = _call(adapter, case.q, case.k, case.v, case.spec)
+        b = _call(adapter, case.q, case.k, case.v * alpha, case.spec)
+        return {"out": (b["out"], a["out"].double() * alpha)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# contracts
+
+
+def _snapshot(case: Case):
+    s = case.spec
+    items = {"q": case.q, "k": case.k, "v": case.v, "attn_mask": s.attn_mask, "alibi_slopes": s.alibi_slopes,
+             "cu_seqlens_q": s.cu_seqlens_q, "cu_seqlens_k": s.cu_seqlens_k}
+    return {n: (t.detach().clone(), t.stride(), t.storage_offset()) for n, t in items.items() if isinstance(t, torch.Tensor)}
+
+
+class Determinism(CaseProperty):
+    name = "determinism"
+    doc = "Two calls on the same inputs are bitwise identical (forward and backward), as claimed."
+    needs = ("deterministic",)
+    case_kwargs = dict(dropout=False, poison=False)
+
+    def judge(self, adapter, case, params):
+        bwd = adapter.claims.backward
+        runs = [_call(adapter, case.q, case.k, case.v, case.spec, backward=bwd, gen_seed=case.seed) for _ in range(3)]
+        bad = []
+        for n in runs[0]:
+            for i, r in enumerate(runs[1:], 2):
+                x, y = runs[0][n], r[n]
+                if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and not _same(x, y):
+                    diff = (x.double() - y.double()).abs()
+                    bad.append(f"{n}: call {i} differs from call 1 in {int((diff != 0).sum())} element(s), "
+                               f"max difference {float(torch.nan_to_num(diff, nan=math.inf).max()):.3g}")
+                    break
+        msg = "" if not bad else "\n".join([f"[{adapter.name}] claims deterministic=True, but: {case.describe()}"] + bad)
+        return ExampleResult(not bad, msg, severity=10.0 if bad else 0.0, case=case.to_dict())
+
+
+class InputsUnmodified(CaseProperty):
+    name = "inputs_unmodified"
+    doc = "The adapter leaves q, k, v, the mask, ALiBi slopes and cu_seqlens untouched (values, strides, offset)."
+    case_kwargs = dict(dropout=False, poison=False)
+
+    def judge(self, adapter, case, params):
+        before = _snapshot(case)
+        bwd = adapter.claims.backward
+        q, k, v = case.q, case.k, case.v
+        if bwd:
+            q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+        with torch.enable_grad() if bwd else torch.no_grad():
+            out, _, _ = _unpack(adapter(q, k, v, case.spec))
+        if bwd:
+            out.sum().backward() if out.requires_grad else None
+        after = {"q": q, "k": k, "v": v, "attn_mask": case.spec.attn_mask, "alibi_slopes": case.spec.alibi_slopes,
+                 "cu_seqlens_q": case.spec.cu_seqlens_q, "cu_seqlens_k": case.spec.cu_seqlens_k}
+        bad = []
+        for n, (t, stride, off) in before.items():
+            a = after[n].detach()
+            if not _same(t, a):
+                bad.append(f"{n} was modified in place ({int((t != a).sum())} element(s) changed)")
+            elif a.stride() != stride or a.storage_offset() != off:
+                bad.append(f"{n}'s strides/offset changed")
+        msg = "" if not bad else "\n".join([f"[{adapter.name}] modified its inputs: {case.describe()}"] + bad)
+        return ExampleResult(not bad, msg, severity=10.0 if bad else 0.0, case=case.to_dict())
+
+
+class Dropout(CaseProperty):
+    name = "dropout"
+    doc = ("Dropout keeps each probability with chance 1-p and divides by 1-p: exact when the keep-mask is "
+           "returned, else binomial tests of the kept count; the same seed repeats, another seed differs.")
+    needs = ("dropout",)
+    case_kwargs = dict(dropout=True, poison=False, attn_mask=False, window=False, alibi=False, varlen=False,
+                       causal=("none",), extreme_values=False, softcap=False)
+
+    def keep(self, r):
+        return r.batch * r.heads_q * r.len_q * r.len_k >= 64
+
+    def adapt(self, adapter, r):
+        return None  # the corpus is about masks and numerics; dropout draws its own
+
+    def judge(self, adapter, case, params):
+        from scipy import stats
+
+        s = case.spec
+        p = s.dropout_p
+        q = torch.zeros_like(case.q)  # uniform attention: every visible key weighs 1/Lk
+        v = torch.ones_like(case.v)
+        with torch.no_grad():
+            out1, _, keep = _unpack(adapter(q, case.k, v, s))
+            out2, _, _ = _unpack(adapter(q, case.k, v, s))
+            out3, _, _ = _unpack(adapter(q, case.k, v, s.replace(seed=int(s.seed or 0) + 1)))
+        problems, recs = [], []
+        sev = 0.0
+        if keep is not None:  # exact: the reference with the returned keep-mask
+            res = check(adapter, case, backward=False)
+            recs.append(res.to_dict())
+            if not res.passed:
+                problems.append(res.message())
+                sev = res.severity()
+        lk = case.k.shape[2]
+        kept = out1.double().cpu()[..., 0] * lk * (1 - p)  # per row: number of kept keys
+        n_rows = kept.numel()
+        if not torch.isfinite(kept).all():
+            problems.append("non-finite output under dropout with finite inputs")
+        else:
+            resid = float((kept - kept.round()).abs().max())
+            tol = 0.02 + 4 * lk * {"float16": 2**-11, "bfloat16": 2**-8}.get(case.dtype, 2**-20)
+            if resid > tol:
+                problems.append(f"kept probabilities are not scaled by 1/(1-p): row sums x Lk x (1-p) = "
+                                f"{float(kept.flatten()[0]):.4f} ... are not whole numbers (off by up to {resid:.3g})")
+            total = int(kept.round().sum())
+            trials = n_rows * lk
+            pv = stats.binomtest(max(0, min(total, trials)), trials, 1 - p).pvalue
+            if pv < 1e-6:
+                problems.append(f"kept fraction {total / trials:.4f} over {trials} draws; expected {1 - p:.4f} "
+                                f"(binomial test p-value {pv:.2e})")
+            sev = max(sev, 1e-6 / max(pv, 1e-300))
+        if not _same(out1, out2):
+            problems.append("the same seed gave a different result")
+        if n_rows * lk >= 64 and _same(out1, out3):
+            problems.append("a different seed gave the identical result")
+        msg = "" if not problems else "\n".join([f"[{adapter.name}] dropout p={p}: {case.describe()}"] + problems)
+        return ExampleResult(not problems, msg, severity=min(sev, 1e30) if problems else min(sev, 0.99),
+                             records=recs, case=case.to_dict())
+
+
+PROPERTIES: List[Property] = [
+    ForwardMatchesReference(),
+    GradientsMatchReference(),
+    LseMatchesReference(),
+    FullyMaskedRows(),
+    CausalAlignment(),
+    KvPermutationInvariance(),
+    BatchHeadIndependence(),
+    RowShiftInvariance(),
+    GqaEqualsRepeatedKv(),
+    ValueScaling(),
+    Determinism(),
+    InputsUnmodified(),
+    Dropout(),
+    NonfiniteInputsPropagate(),
+]

@@ -1,0 +1,108 @@
+"""The @example corpus: known-nasty cases that always run first, adapted to what an adapter claims.
+
+Each entry is a template; `corpus(adapter, ...)` bends it to the claims (dtype, head dim) and drops
+what cannot be bent (an unclaimed feature), so every example is a claimed case.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, List, Optional
+
+from ..case import CaseRecipe, build_case
+from ._profiles import profile_limits
+
+
+def _t(label, **kw) -> CaseRecipe:
+    return CaseRecipe(tags=(label,), **kw)
+
+
+def templates(tiles=None) -> List[CaseRecipe]:
+    bm, bn = tiles or (16, 16)
+    big = max(bn, 16)
+    out = [
+        # cheap, high-yield first: batch, GQA, partial tiles, non-default scale, Lq != Lk
+        _t("gqa-batch-partial-tiles", batch=2, heads_q=4, heads_kv=2, len_q=bm + 1, len_k=2 * bn + 1, head_dim=32,
+           scale=0.5, seed=1),
+        # the two-tile worked example: the second key tile's max is far above the first's
+        _t("two-tile", len_q=2, len_k=2 * bn, head_dim=16, late_from=bn, late_boost=8.0, seed=2),
+        # Lq = 1 (decode) over a long-ish key sequence
+        _t("decode", batch=1, heads_q=2, heads_kv=1, len_q=1, len_k=4 * bn + 1, head_dim=64, seed=3),
+        # kv length = 1 mod 32
+        _t("lk-1-mod-32", heads_q=2, heads_kv=2, len_q=16, len_k=33, head_dim=32, seed=4),
+        # bottom-right causal with Lq > Lk: the first Lq - Lk rows see nothing
+        _t("bottom-right-lq-gt-lk", heads_q=2, heads_kv=2, len_q=37, len_k=17, head_dim=32, causal="bottom_right", seed=5),
+        # a fully-masked key tile inside a long causal + window row
+        _t("masked-key-tile-causal-window", len_q=3 * big, len_k=3 * big, head_dim=32, causal="top_left",
+           window=(2 * big, 0), key_block=(big, 2 * big), seed=6),
+        # L % 128 == 64, logits near -120 (LSE below -88.7), and a padding mask
+        _t("L192-logits-minus-120-mask", len_q=192, len_k=192, head_dim=32, row_shift=-120.0, q_std=0.5, k_std=0.5,
+           mask="bool_padding", seed=7),
+        # a mask broadcast over keys (size-1 key dim): whole rows on or off
+        _t("mask-broadcast-over-keys", batch=2, heads_q=2, heads_kv=2, len_q=9, len_k=20, head_dim=16,
+           mask="bool_random", mask_shape=(2, 1, 9, 1), mask_density=0.5, seed=8),
+        # scores far above exp's range: max subtraction is mandatory
+        _t("shift-plus-1000", len_q=5, len_k=2 * bn + 3, head_dim=16, row_shift=1000.0, seed=9),
+        # head dims above 128
+        _t("head-dim-above-128", len_q=9, len_k=17, head_dim=160, seed=10),
+        _t("head-dim-256", len_q=9, len_k=17, head_dim=256, seed=10),
+        # a towering late tile: a max taken from the first tile only overflows
+        _t("late-tile-x100", len_q=3, len_k=3 * bn, head_dim=16, late_from=2 * bn, late_boost=100.0, seed=11),
+    ]
+    return out
+
+
+def _bend(r: CaseRecipe, adapter, device: str, limits) -> Optional[CaseRecipe]:
+    c = adapter.claims
+    kw = {}
+    if r.dtype not in c.dtypes:
+        for d in ("float32", "float16", "bfloat16", "float64"):
+            if d in c.dtypes:
+                kw["dtype"] = d
+                break
+        else:
+            return None
+    if not c.head_dim_ok(r.head_dim):
+        if r.head_dim > 128:
+            return None  # the point of the case is the big head dim
+        for d in (r.head_dim, 32, 64, 16, 128, 40, 80, 96, 8):
+            if c.head_dim_ok(d):
+                kw["head_dim"] = d
+                break
+        else:
+            return None
+    if r.heads_q != r.heads_kv and not c.gqa:
+        kw["heads_kv"] = r.heads_q
+    kw["device"] = device
+    r2 = dataclasses.replace(r, **kw)
+    if max(r2.len_q, r2.len_k) > min(c.max_seqlen, max(limits.max_len, 256)):
+        return None
+    return r2
+
+
+def corpus(adapter, *, profile: str = "dev", device: str = "auto",
+           adapt: Optional[Callable[[CaseRecipe], Optional[CaseRecipe]]] = None) -> List[CaseRecipe]:
+    """The nasty cases `adapter` claims, each passed through `adapt` (which may drop it by returning None)."""
+    from ..check import unclaimed
+
+    limits = profile_limits(profile)
+    dev = adapter.run_device(device)
+    out = []
+    for t in templates(adapter.claims.tiles):
+        r = _bend(t, adapter, dev, limits)
+        if r is not None and adapt is not None:
+            r = adapt(r)
+        if r is None:
+            continue
+        try:
+            case = build_case(r)
+        except ValueError:
+            continue
+        if unclaimed(adapter, case) is not None:
+            continue
+        if adapter.claims.fully_masked == "unsupported":
+            from ._cases import fully_masked_row_count
+
+            if fully_masked_row_count(r):
+                continue
+        out.append(r)
+    return out

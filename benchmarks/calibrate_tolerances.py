@@ -1,0 +1,160 @@
+"""Calibrate and audit the tolerances: run correct implementations over many random and
+adversarial cases and record, per dtype and output, how close their errors come to the bound.
+
+    python benchmarks/calibrate_tolerances.py --adapters naive,sdpa-math,sdpa-flash --n 1000 --json out.json
+
+For every case: each output's relative L2 error in units of u, the worst element's error in units
+of u * (|ref| + s), the ratio to the same-dtype baseline, and whether `check` passed (a failure of a
+correct implementation is a false positive). docs/tolerances.md holds the resulting tables.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+import attnverify as av
+from attnverify.adapters import registry
+from attnverify.check import unclaimed
+from attnverify.tolerances import unit_roundoff
+
+SEQ = [1, 2, 5, 15, 16, 17, 31, 33, 63, 64, 65, 97, 127, 128, 129, 192, 255, 257]
+HEAD = [16, 32, 40, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256]
+
+
+def random_recipe(rng: random.Random, adapter, dtype: str, device: str, big: bool) -> av.CaseRecipe:
+    c = adapter.claims
+    seq = SEQ + ([384, 511, 512, 1023, 1024, 2048] if big else [])
+    for _ in range(200):
+        hkv = rng.choice([1, 2])
+        g = rng.choice([1, 1, 2, 4]) if c.gqa else 1
+        dims = [d for d in HEAD if c.head_dim_ok(d)]
+        d = rng.choice(dims)
+        dv = rng.choice([d, d, rng.choice(dims)]) if c.dv_ne_d else d
+        r = av.CaseRecipe(
+            batch=rng.choice([1, 2]), heads_q=hkv * g, heads_kv=hkv, len_q=rng.choice(seq), len_k=rng.choice(seq),
+            head_dim=d, head_dim_v=dv, dtype=dtype, device=device, seed=rng.randrange(2**31),
+        )
+        kind = rng.random()
+        if kind < 0.15:  # extreme logits: std of the scores around 10 or more
+            r.q_std = r.k_std = rng.choice([3.0, 4.0, 6.0])
+        elif kind < 0.25:
+            r.row_shift = rng.choice([-1000.0, 1000.0])
+        elif kind < 0.35 and r.len_k > 16:
+            r.late_from, r.late_boost = rng.randrange(r.len_k // 2, r.len_k), rng.choice([4.0, 8.0])
+        elif kind < 0.40:
+            r.equal_scores = True
+        elif kind < 0.45:
+            r.v_mean = rng.choice([-30.0, 5.0, 100.0])
+        if rng.random() < 0.3:
+            r.scale = rng.choice([0.05, 0.3, 1.0, 2.0])
+        modes = list(c.causal)
+        r.causal = rng.choice(modes)
+        if c.window and rng.random() < 0.25:
+            r.window = (rng.choice([-1, 0, 3, 17]), rng.choice([-1, 0, 5]))
+        if c.softcap and rng.random() < 0.25:
+            r.softcap = rng.choice([5.0, 30.0])
+        if c.alibi and rng.random() < 0.2:
+            r.alibi = True
+        if c.attn_mask and rng.random() < 0.3:
+            r.mask = rng.choice(["bool_random", "bool_padding", "float_random"])
+            r.mask_shape = (r.batch if rng.random() < 0.5 else 1, 1 if rng.random() < 0.5 else r.heads_q,
+                            1 if rng.random() < 0.3 else r.len_q, r.len_k)
+            if c.fully_masked != "unsupported" and r.mask != "float_random" and rng.random() < 0.5 and r.mask_shape[2] != 1:
+                r.masked_rows = (rng.randrange(r.len_q),)
+        if c.lse and rng.random() < 0.5:
+            r.return_lse = True
+        case = av.build_case(r)
+        if unclaimed(adapter, case) is None and (c.fully_masked != "unsupported" or not _has_fully_masked(case)):
+            return r
+    raise RuntimeError(f"could not draw a claimed case for {adapter.name} {dtype}")
+
+
+def _has_fully_masked(case) -> bool:
+    from attnverify.reference import reference_forward
+
+    return bool(torch.isneginf(reference_forward(case.q, case.k, case.v, case.spec).lse).any())
+
+
+def _dump(args, stats, fails, t0):
+    summary = {}
+    for key, d in stats.items():
+        summary[key] = {}
+        for metric, xs in d.items():
+            if metric.startswith("status_"):
+                summary[key][metric] = len(xs)
+                continue
+            xs = sorted(xs)
+            summary[key][metric] = {
+                "n": len(xs), "median": xs[len(xs) // 2], "p99": xs[min(len(xs) - 1, int(0.99 * len(xs)))], "max": xs[-1],
+            }
+    out = {"torch": torch.__version__, "device": args.device if args.device != "auto" else
+           ("cuda" if torch.cuda.is_available() else "cpu"),
+           "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+           "n_per_combo": args.n, "summary": summary, "failures": fails, "seconds": time.time() - t0}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--adapters", default="naive,sdpa-math,sdpa-flash")
+    ap.add_argument("--dtypes", default="float32,float16,bfloat16")
+    ap.add_argument("--n", type=int, default=200, help="cases per adapter and dtype")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--big", action="store_true", help="also draw lengths up to 2048")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(2)  # several calibrations share a machine; oversubscription costs 10x
+    stats = defaultdict(lambda: defaultdict(list))
+    fails = []
+    t0 = time.time()
+    for name in args.adapters.split(","):
+        a = registry.get(name)
+        why = a.unavailable_reason()
+        if why:
+            print(f"{name}: unavailable ({why})", file=sys.stderr)
+            continue
+        dev = a.run_device(args.device)
+        for dt in args.dtypes.split(","):
+            if dt not in a.claims.dtypes:
+                continue
+            rng = random.Random(f"{args.seed}-{name}-{dt}")
+            u = {o: unit_roundoff(dt, o) for o in ("out", "lse", "dq", "dk", "dv")}
+            for i in range(args.n):
+                rec = random_recipe(rng, a, dt, dev, args.big)
+                res = av.check(a, av.build_case(rec), keep_tensors=False)
+                key = f"{name}/{dt}"
+                stats[key]["status_" + res.status].append(1)
+                if res.status != "passed":
+                    fails.append({"adapter": name, "dtype": dt, "status": res.status, "case": res.case.describe(),
+                                  "message": res.message()[:3000]})
+                for c in res.comparisons:
+                    if c.name not in u or not math.isfinite(c.rel_l2):
+                        continue
+                    stats[key][c.name + "_norm_u"].append(c.rel_l2 / u[c.name])
+                    if c.allowed_at_worst:
+                        stats[key][c.name + "_norm_vs_bound"].append(c.rel_l2 / c.tol_norm)
+                        stats[key][c.name + "_elem_vs_bound"].append(c.max_abs / c.allowed_at_worst)
+            _dump(args, stats, fails, t0)
+            print(f"{name}/{dt}: {args.n} cases, {len(stats[f'{name}/{dt}']['status_passed'])} passed "
+                  f"({time.time() - t0:.0f}s)", file=sys.stderr)
+    out = _dump(args, stats, fails, t0)
+    summary = out["summary"]
+    for key, d in summary.items():
+        print(key, {m: (v if isinstance(v, int) else f"med {v['median']:.2f} max {v['max']:.2f}") for m, v in sorted(d.items())})
+    print(f"false positives: {len(fails)}")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

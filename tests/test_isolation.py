@@ -1,0 +1,117 @@
+"""Crash isolation: a signal, an exit or a hang in an adapter costs one failed example, nothing more."""
+import os
+import signal
+import time
+
+import pytest
+
+from attnverify.case import CaseRecipe
+from attnverify.isolation import InProcessRunner, SubprocessRunner, make_runner, signal_name
+from attnverify.properties.base import ExampleResult, Property
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="crash isolation forks; this platform has no fork")
+
+
+class Act(Property):
+    """Does what the drawn example says, in whichever process judges it."""
+
+    name = "act"
+
+    def run_example(self, adapter, drawn):
+        what = drawn["do"]
+        if what == "pid":
+            return ExampleResult(True, message=str(os.getpid()))
+        if what == "torch":
+            import torch
+
+            x = torch.randn(64, 64)
+            return ExampleResult(True, message=f"{float((x @ x).sum()):.3f}")
+        if what in ("SIGFPE", "SIGSEGV"):
+            os.kill(os.getpid(), getattr(signal, what))
+        if what == "abort":
+            os.abort()
+        if what == "exit":
+            os._exit(7)
+        if what == "hang":
+            time.sleep(600)
+        if what == "raise":
+            raise ValueError("boom in the property")
+        return ExampleResult(False, message="wrong answer", severity=3.0)
+
+
+class Adapter:
+    name = "fake"
+
+
+@pytest.fixture
+def runner():
+    r = SubprocessRunner(timeout=2.0)
+    yield r
+    r.close()
+
+
+def test_judged_in_a_child_that_lives_on(runner):
+    p, a = Act(), Adapter()
+    r1 = runner(p, a, {"do": "pid"})
+    r2 = runner(p, a, {"do": "pid"})
+    assert r1.passed and r1.message != str(os.getpid())
+    assert r1.message == r2.message  # one long-lived child, not a fork per example
+    assert runner(p, a, {"do": "torch"}).passed  # torch works in the child after the parent used it
+    res = runner(p, a, {"do": "wrong"})
+    assert not res.passed and res.status == "failed" and res.severity == 3.0
+
+
+@pytest.mark.parametrize("how,needle", [("SIGFPE", "SIGFPE"), ("SIGSEGV", "SIGSEGV"), ("abort", "SIGABRT"),
+                                        ("exit", "exited with status 7")])
+def test_a_dying_child_is_one_failed_example(runner, how, needle):
+    p, a = Act(), Adapter()
+    before = runner(p, a, {"do": "pid"}).message
+    recipe = CaseRecipe(len_q=3, len_k=5).to_dict()
+    res = runner(p, a, {"do": how, "recipe": recipe})
+    assert not res.passed and res.status == "crashed"
+    assert needle in res.message and "fake" in res.message and "act" in res.message
+    assert res.case is not None and res.case["recipe"]["len_k"] == 5  # kept for repro
+    after = runner(p, a, {"do": "pid"})
+    assert after.passed and after.message != before  # a fresh child took over
+    assert runner.restarts >= 1
+
+
+def test_crash_message_points_at_the_adapter_frame(runner):
+    res = runner(Act(), Adapter(), {"do": "SIGSEGV"})
+    assert "test_isolation.py" in res.message and "run_example" in res.message
+
+
+def test_a_hang_is_a_timeout_and_the_run_goes_on(runner):
+    t0 = time.perf_counter()
+    res = runner(Act(), Adapter(), {"do": "hang"})
+    took = time.perf_counter() - t0
+    assert res.status == "timeout" and not res.passed and "2 s" in res.message
+    assert 1.9 <= took < 10
+    assert runner(Act(), Adapter(), {"do": "pid"}).passed
+
+
+def test_an_exception_is_an_error_result_not_a_crash(runner):
+    res = runner(Act(), Adapter(), {"do": "raise"})
+    assert res.status == "error" and "boom in the property" in res.message
+    assert runner.restarts == 0
+
+
+def test_objects_made_after_the_fork_are_judged_too(runner):
+    runner(Act(), Adapter(), {"do": "pid"})
+
+    class Later(Act):
+        name = "later"
+
+    assert runner(Later(), Adapter(), {"do": "pid"}).passed
+
+
+def test_in_process_runner_and_factory():
+    assert isinstance(make_runner("none"), InProcessRunner)
+    r = make_runner("subprocess", 5)
+    assert isinstance(r, SubprocessRunner) and r.timeout == 5
+    r.close()
+    res = InProcessRunner()(Act(), Adapter(), {"do": "raise"})
+    assert res.status == "error"
+    with pytest.raises(ValueError):
+        make_runner("threads")
+    assert signal_name(signal.SIGSEGV).startswith("SIGSEGV")

@@ -1,0 +1,92 @@
+"""The results journal: append-only JSONL, readable after a kill, shared by several writers."""
+import json
+import os
+
+import pytest
+
+from attnverify.case import CaseRecipe, build_case
+from attnverify.journal import (Journal, case_hint, dangling_cases, example_id, last_run, read_journal, runs,
+                                save_case)
+
+
+def test_records_round_trip_with_common_keys(tmp_path):
+    j = Journal(str(tmp_path), run_id="r1", worker="gw3")
+    j.write({"event": "run_start", "seed": 5, "env": {"torch": "x"}})
+    j({"event": "case_start", "property": "p", "adapter": "a", "drawn": {"recipe": {"len_q": 3}}})
+    j({"event": "result", "property": "p", "adapter": "a", "passed": False, "severity": float("inf")})
+    j.close()
+    recs = read_journal(str(tmp_path))
+    assert [r["event"] for r in recs] == ["run_start", "case_start", "result"]
+    assert all(r["run_id"] == "r1" and r["worker"] == "gw3" and r["v"] == 1 and r["pid"] == os.getpid() for r in recs)
+    assert recs[2]["severity"] == "inf"  # strict JSON: no bare Infinity in the file
+    for line in open(tmp_path / "results.jsonl"):
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+
+
+def test_truncated_last_line_is_skipped(tmp_path):
+    j = Journal(str(tmp_path), run_id="r1")
+    for i in range(3):
+        j({"event": "case_start", "index": i})
+    j.close()
+    with open(tmp_path / "results.jsonl", "ab") as f:
+        f.write(b'{"v": 1, "event": "result", "run_id": "r1", "mess')  # a kill mid-write
+    recs = read_journal(str(tmp_path / "results.jsonl"))
+    assert [r["index"] for r in recs] == [0, 1, 2]
+    # and appending after the damage still gives readable records
+    j2 = Journal(str(tmp_path), run_id="r2")
+    j2({"event": "run_start"})
+    assert runs(str(tmp_path)) == ["r1"] or runs(str(tmp_path)) == ["r1", "r2"]
+
+
+def test_dangling_case_names_the_example_that_killed_the_run(tmp_path):
+    j = Journal(str(tmp_path), run_id="old")
+    j({"event": "case_start", "test": "t", "drawn": 1})
+    j = Journal(str(tmp_path), run_id="new")
+    j({"event": "run_start"})
+    j({"event": "case_start", "test": "t", "drawn": 2})
+    j({"event": "result", "test": "t", "passed": True})
+    j({"event": "case_start", "test": "t", "drawn": 3})
+    recs = last_run(str(tmp_path))
+    assert {r["run_id"] for r in recs} == {"new"}
+    assert [r["drawn"] for r in dangling_cases(recs)] == [3]
+
+
+def test_concurrent_writers_never_interleave(tmp_path):
+    pids = []
+    for w in range(3):
+        pid = os.fork()
+        if pid == 0:  # child: hammer the same file
+            try:
+                j = Journal(str(tmp_path), run_id="r", worker=f"gw{w}", fsync=False)
+                for i in range(300):
+                    j({"event": "result", "i": i, "pad": "x" * (50 * (i % 40))})
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    lines = open(tmp_path / "results.jsonl").read().splitlines()
+    assert len(lines) == 900
+    recs = [json.loads(ln) for ln in lines]  # every line parses: no torn records
+    assert sorted((r["worker"], r["i"]) for r in recs) == sorted((f"gw{w}", i) for w in range(3) for i in range(300))
+
+
+def test_case_hint_matches_case_id_without_tensors():
+    r = CaseRecipe(batch=2, heads_q=4, heads_kv=2, len_q=5, len_k=7, head_dim=16, seed=3, causal="bottom_right")
+    hint = case_hint({"recipe": r.to_dict(), "extra": 1})
+    case = build_case(r)
+    assert hint["id"] == case.case_id()
+    assert hint["shapes"]["k"] == list(case.k.shape)
+    assert "causal=bottom_right" in hint["describe"] and "Lq=5" in hint["describe"]
+    assert case_hint({"x": 1}) is None and case_hint(42) is None
+
+
+def test_save_case_is_keyed_per_property_adapter_and_example(tmp_path):
+    drawn = {"recipe": CaseRecipe(len_q=4, len_k=4).to_dict()}
+    p1 = save_case(str(tmp_path), prop_name="p", adapter_name="a", drawn=drawn, result={"status": "crashed"}, seed=9)
+    p2 = save_case(str(tmp_path), prop_name="p", adapter_name="b", drawn=drawn, result={"status": "failed"})
+    assert p1 != p2 and os.path.basename(p1) == example_id("p", "a", drawn) + ".json"
+    d = json.load(open(p1))
+    assert d["adapter"] == "a" and d["property"] == "p" and d["drawn"] == json.loads(json.dumps(drawn)) and d["status"] == "crashed"
+    assert d["recipe"]["len_q"] == 4 and d["repro"].startswith("attnverify repro ") and d["seed_run"] == 9
+    assert d["env"]["python"]

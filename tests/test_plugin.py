@@ -1,0 +1,270 @@
+"""The pytest11 plugin, driven through pytester in empty temporary repos (CPU only)."""
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+
+from attnverify import cli
+from attnverify.journal import read_journal
+from attnverify.plugin import gpu_for_worker, pin_worker_gpu, visible_devices
+
+FAST = ("--attn-profile=ci", "--attn-max-examples=3", "-p", "no:randomly")
+
+MINE_OK = """
+import torch, attnverify as av
+
+@av.adapter("mine")
+def mine(q, k, v, spec):
+    s = (q @ k.transpose(-1, -2)) * spec.resolved_scale(q.shape[-1])
+    return torch.softmax(s, dim=-1) @ v
+"""
+
+MINE_WRONG = """
+import torch, attnverify as av
+
+@av.adapter("mine")
+def mine(q, k, v, spec):   # forgets the scale
+    return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+"""
+
+CRASHERS = """
+import os, signal, time, torch, attnverify as av
+
+def _ok(q, k, v, spec):
+    return torch.softmax((q @ k.transpose(-1, -2)) * spec.resolved_scale(q.shape[-1]), dim=-1) @ v
+
+@av.adapter("fpe")
+def fpe(q, k, v, spec):      # dies on some shapes only
+    if k.shape[2] % 2 == 1:
+        os.kill(os.getpid(), signal.SIGFPE)
+    return _ok(q, k, v, spec)
+
+@av.adapter("hang")
+def hang(q, k, v, spec):
+    if q.shape[2] >= 2:
+        time.sleep(600)
+    return _ok(q, k, v, spec)
+
+@av.adapter("segv")
+def segv(q, k, v, spec):
+    os.kill(os.getpid(), signal.SIGSEGV)
+"""
+
+
+def _journal(pytester):
+    return read_journal(str(pytester.path / "reports"))
+
+
+def test_plain_pytest_runs_nothing_of_the_suite(pytester):
+    pytester.makeconftest(MINE_OK)
+    pytester.makepyfile(test_own="def test_own():\n    assert True\n")
+    res = pytester.runpytest("-v")
+    res.assert_outcomes(passed=1)
+    assert "attnverify::" not in res.stdout.str() and "attnverify: adapters" not in res.stdout.str()
+    assert not (pytester.path / "reports").exists()
+
+
+def test_correct_mine_passes_next_to_own_tests(pytester):
+    pytester.makeconftest(MINE_OK)
+    pytester.makepyfile(test_own="def test_own():\n    assert True\n")
+    res = pytester.runpytest("--adapter=mine", "-v", "-rs", *FAST)
+    out = res.stdout.str()
+    assert res.ret == 0, out
+    outcomes = res.parseoutcomes()
+    assert outcomes["passed"] >= 3 and "failed" not in outcomes
+    res.stdout.fnmatch_lines(["*test_own.py::test_own PASSED*",
+                              "*attnverify::test_forward_matches_reference?mine? PASSED*",
+                              "*mine does not claim backward*"])
+    assert "attnverify: adapters mine" in out and "seed" in out and "torch" in out  # the header
+    recs = _journal(pytester)
+    events = [r["event"] for r in recs]
+    assert events[0] == "run_start" and events[-1] == "run_end" and "case_start" in events and "result" in events
+    start = recs[0]
+    assert start["profile"] == "ci" and start["adapters"][0]["name"] == "mine" and start["env"]["torch"]
+    assert {r["run_id"] for r in recs} == {start["run_id"]}
+    ends = [r for r in recs if r["event"] == "test_end"]
+    assert any(r["outcome"] == "passed" and r["examples"] >= 1 for r in ends)
+
+
+def test_wrong_mine_fails_with_the_shrunk_case_and_a_repro_command(pytester, monkeypatch, capsys):
+    pytester.makeconftest(MINE_WRONG)
+    res = pytester.runpytest("--adapter=mine", "-k", "forward_matches_reference", *FAST)
+    out = res.stdout.str()
+    assert res.ret == 1, out
+    assert "shrunk case:" in out and "out: MISMATCH" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("replay: attnverify repro "))
+    case_file = line.split("attnverify repro ", 1)[1].strip()
+    assert (pytester.path / case_file).exists()
+    saved = json.loads((pytester.path / case_file).read_text())
+    assert saved["adapter"] == "mine" and saved["property"] == "forward_matches_reference" and saved["recipe"]
+    end = [r for r in _journal(pytester) if r["event"] == "test_end"][0]
+    assert end["outcome"] == "failed" and end["case_file"].endswith(os.path.basename(case_file))
+    # the saved case replays (adapter found through the conftest.py it was defined in) and still fails
+    monkeypatch.chdir(pytester.path)
+    capsys.readouterr()
+    assert cli.main(["repro", case_file]) == 1
+    shown = capsys.readouterr().out
+    assert "STILL FAILS" in shown and "out" in shown and "MISMATCH" in shown
+
+
+def test_unknown_adapter_is_a_usage_error_listing_known_names(pytester):
+    pytester.makeconftest(MINE_OK)
+    res = pytester.runpytest("--adapter=nope")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    err = res.stderr.str()
+    assert "unknown adapter 'nope'" in err and "naive" in err and "sdpa-math" in err and "mine" in err
+
+
+def test_bad_option_values_from_env_and_ini_are_usage_errors(pytester, monkeypatch):
+    pytester.makeconftest(MINE_OK)
+    monkeypatch.setenv("ATTNVERIFY_PROFILE", "fastest")
+    res = pytester.runpytest("--adapter=mine")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR and "ATTNVERIFY_PROFILE='fastest'" in res.stderr.str()
+
+
+def test_options_come_from_cli_then_env_then_ini(pytester, monkeypatch):
+    pytester.makeconftest(MINE_OK)
+    pytester.makeini("[pytest]\nattn_seed = 77\nattn_adapter = mine\nattn_max_examples = 2\n")
+    res = pytester.runpytest("--co")  # the ini key alone activates the suite
+    assert "seed 77" in res.stdout.str() and "max examples 2" in res.stdout.str()
+    assert "test_forward_matches_reference[mine]" in res.stdout.str()
+    monkeypatch.setenv("ATTNVERIFY_SEED", "88")
+    assert "seed 88" in pytester.runpytest("--co").stdout.str()
+    assert "seed 99" in pytester.runpytest("--co", "--attn-seed=99").stdout.str()
+
+
+def test_adapters_from_a_file_path_a_module_path_and_an_entry_point(pytester):
+    body = MINE_OK.replace('"mine"', '"{name}"').replace("def mine", "def impl")
+    pytester.mkdir("adapters_here")
+    (pytester.path / "adapters_here" / "impl.py").write_text(body.format(name="by-file"))
+    pkg = pytester.mkpydir("kpkg")
+    (pkg / "mod.py").write_text(body.format(name="by-module"))
+    ep_dir = pytester.mkdir("site")
+    (ep_dir / "epmod.py").write_text(body.format(name="by-ep"))
+    dist = ep_dir / "kernelpkg-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kernelpkg\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[attnverify.adapters]\nby-ep = epmod:impl\n")
+    pytester.syspathinsert(ep_dir)
+    pytester.syspathinsert()
+    res = pytester.runpytest("--adapter=adapters_here/impl.py:impl", "--adapter=kpkg.mod:impl,by-ep",
+                             "-k", "forward_matches_reference", "-v", *FAST)
+    out = res.stdout.str()
+    assert res.ret == 0, out
+    for name in ("by-file", "by-module", "by-ep"):
+        assert f"test_forward_matches_reference[{name}] PASSED" in out
+
+
+def test_conftest_hooks_register_adapters_and_properties(pytester):
+    pytester.makeconftest("""
+import torch, attnverify as av
+from attnverify.properties.base import ExampleResult, Property
+from hypothesis import strategies as st
+
+def _fn(q, k, v, spec):
+    return torch.softmax((q @ k.transpose(-1, -2)) * spec.resolved_scale(q.shape[-1]), -1) @ v
+
+class Tiny(Property):
+    name = "tiny_custom"
+    def strategy(self, adapter, profile, device):
+        return st.integers(1, 4).map(lambda n: {"n": n})
+    def run_example(self, adapter, drawn):
+        return ExampleResult(drawn["n"] < 4, message=f"n={drawn['n']}")
+
+def pytest_attnverify_adapters(config):
+    return [av.adapter("hooked", register=False)(_fn)]
+
+def pytest_attnverify_properties(config):
+    return [Tiny()]
+""")
+    res = pytester.runpytest("--adapter=hooked", "-k", "forward_matches_reference or tiny_custom", "-v",
+                             "--attn-max-examples=30", "--attn-profile=ci")
+    out = res.stdout.str()
+    assert "test_forward_matches_reference[hooked] PASSED" in out
+    assert "test_tiny_custom[hooked] FAILED" in out and "n=4" in out
+    assert res.ret == 1
+
+
+def test_crashing_and_hanging_adapters_each_cost_one_failed_case(pytester, monkeypatch, capsys):
+    pytester.makeconftest(CRASHERS)
+    res = pytester.runpytest("--adapter=fpe,hang,segv", "-k", "forward_matches_reference", "--attn-timeout=2",
+                             "-p", "no:randomly", "--attn-profile=ci", "--attn-max-examples=4")
+    out = res.stdout.str()
+    res.assert_outcomes(failed=3)  # the run completed: all three reported
+    assert "SIGFPE" in out and "SIGSEGV" in out and "did not finish within 2 s" in out
+    recs = _journal(pytester)
+    assert recs[-1]["event"] == "run_end"  # the journal is intact to the end
+    statuses = {r["adapter"]: r["status"] for r in recs if r["event"] == "test_end"}
+    assert statuses == {"fpe": "crashed", "hang": "timeout", "segv": "crashed"}
+    crashed = [r for r in recs if r["event"] == "result" and r["status"] in ("crashed", "timeout")]
+    for r in crashed:  # journaled before it ran: a case_start with the same index precedes it
+        assert any(c["event"] == "case_start" and c["test"] == r["test"] and c["index"] == r["index"] for c in recs)
+    monkeypatch.chdir(pytester.path)
+    for r in recs:
+        if r["event"] == "test_end":
+            capsys.readouterr()
+            assert cli.main(["repro", r["case_file"], "--timeout", "2"]) == 1
+            shown = capsys.readouterr().out
+            assert {"fpe": "SIGFPE", "segv": "SIGSEGV", "hang": "TIMEOUT"}[r["adapter"]] in shown
+
+
+def test_an_example_that_kills_the_process_replays_from_the_journal(pytester):
+    pytester.makeconftest(CRASHERS)
+    res = pytester.runpytest_subprocess("--adapter=segv", "--attn-isolate=none", "-k", "forward_matches_reference",
+                                        "-p", "no:faulthandler", *FAST)
+    assert res.ret < 0 or res.ret not in (0, 1)  # pytest itself died by the signal
+    recs = _journal(pytester)
+    assert recs[0]["event"] == "run_start" and recs[-1]["event"] == "case_start"
+    rep = pytester.run(sys.executable, "-m", "attnverify.cli", "repro", "reports/results.jsonl")
+    assert rep.ret == 1
+    assert "SIGSEGV" in rep.stdout.str() and "dangling" not in rep.stdout.str()
+
+
+def test_xdist_two_workers_share_one_run_and_pin_gpus_by_simulation(pytester):
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_env="""
+import os
+def test_env():
+    wid = os.environ["PYTEST_XDIST_WORKER"]
+    with open(f"cvd_{wid}.txt", "w") as f:
+        f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+""")
+    res = pytester.runpytest_subprocess("-n", "2", "--adapter=sdpa-math", "-p", "no:randomly",
+                                        "--attn-profile=ci", "--attn-max-examples=2")
+    # GPU count is simulated through ATTNVERIFY_GPU_COUNT (set below through the environment)
+    assert res.ret == 0, res.stdout.str()
+    recs = _journal(pytester)
+    assert [r["event"] for r in recs].count("run_start") == 1 and recs[-1]["event"] == "run_end"
+    assert {r["run_id"] for r in recs} == {recs[0]["run_id"]}
+    assert {r["worker"] for r in recs if r["event"] == "result"} == {"gw0", "gw1"}
+    seen = {p.name: p.read_text() for p in pytester.path.glob("cvd_*.txt")}
+    assert seen and set(seen.values()) <= {"0", "1"}
+    assert seen.get(f"cvd_{'gw0'}.txt", "0") == "0" and seen.get("cvd_gw1.txt", "1") == "1"
+
+
+@pytest.fixture(autouse=True)
+def _two_fake_gpus(monkeypatch):
+    monkeypatch.setenv("ATTNVERIFY_GPU_COUNT", "2")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for v in ("ATTNVERIFY_ADAPTER", "ATTNVERIFY_SEED", "ATTNVERIFY_PROFILE", "ATTNVERIFY_PINNED_GPU"):
+        monkeypatch.delenv(v, raising=False)
+
+
+def test_gpu_pinning_logic():
+    assert gpu_for_worker("gw0", None, 4) == "0" and gpu_for_worker("gw5", None, 4) == "1"
+    assert gpu_for_worker("gw1", None, 1) is None and gpu_for_worker("gw1", None, 0) is None
+    assert gpu_for_worker("gw0", "3,5", 8) == "3" and gpu_for_worker("gw1", "3,5", 8) == "5"
+    assert gpu_for_worker("gw2", "3,5", 8) == "3"
+    assert gpu_for_worker("gw1", "GPU-aa,GPU-bb", 0) == "GPU-bb"
+    assert gpu_for_worker("gw1", "7", 8) is None  # one outer GPU: nothing to spread
+    assert gpu_for_worker("gw1", "", 8) is None and visible_devices("2,-1,3") == ["2"]
+    env = {"PYTEST_XDIST_WORKER": "gw1", "CUDA_VISIBLE_DEVICES": "4,6,7"}
+    assert pin_worker_gpu(env) == "6" and env["CUDA_VISIBLE_DEVICES"] == "6"
+    assert env["ATTNVERIFY_OUTER_CUDA_VISIBLE_DEVICES"] == "4,6,7"
+    assert pin_worker_gpu(env) == "6" and env["CUDA_VISIBLE_DEVICES"] == "6"  # idempotent
+    env = {"PYTEST_XDIST_WORKER": "gw3"}
+    assert pin_worker_gpu(env, gpu_count=2) == "1" and env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert pin_worker_gpu({"PYTEST_XDIST_WORKER": "gw0", "ATTNVERIFY_PIN_GPUS": "0"}, gpu_count=4) is None
+    assert pin_worker_gpu({}, gpu_count=4) is None  # not an xdist worker

@@ -1,0 +1,131 @@
+"""The properties hold for correct implementations and catch each deliberately wrong one (ci profile)."""
+import json
+import os
+import warnings
+
+import pytest
+
+from attnverify.adapters.registry import get
+from attnverify.properties import PROPERTIES, get_property
+from attnverify.properties.driver import PropertySkipped, run_property
+from attnverify.properties.profiles import hypothesis_settings
+
+from wrong_impls import WRONG, _mk
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+# Failures of the correct adapters that are findings about them, not about the properties
+# (reported to the owners of adapters/; see the issue-11 report). Non-strict: the search may or may
+# not reach them within a short run.
+KNOWN = {
+    ("sdpa-flash", "nonfinite_inputs_propagate"): "SDPA FLASH on CPU returns 0 for a query row holding NaN (swallows it)",
+    ("sdpa-flash", "dropout"): "SDPA FLASH on CPU has no dropout ('No available kernel'), yet sdpa.py claims dropout",
+    ("sdpa-flash", "*"): "SDPA FLASH on CPU refuses a last dim with stride != 1 (layout 'sliced'); sdpa.py does not refuse it",
+    ("naive", "gradients_match_reference"): "naive's backward gives NaN for a row fully masked by an additive -inf mask",
+}
+
+
+def _known(adapter, prop):
+    return KNOWN.get((adapter, prop)) or KNOWN.get((adapter, "*"))
+
+
+def test_property_names_and_lookup():
+    names = [p.name for p in PROPERTIES]
+    for want in ("forward_matches_reference", "gradients_match_reference", "lse_matches_reference", "fully_masked_rows",
+                 "causal_alignment", "kv_permutation_invariance", "batch_head_independence", "row_shift_invariance",
+                 "gqa_equals_repeated_kv", "value_scaling", "determinism", "inputs_unmodified", "dropout"):
+        assert want in names
+    assert len(set(names)) == len(names)
+    assert get_property("test_dropout").name == "dropout"
+    with pytest.raises(KeyError, match="unknown property"):
+        get_property("nope")
+
+
+def test_skip_reasons_name_the_claim():
+    assert get_property("lse_matches_reference").skip_reason(get("sdpa-math")) == "sdpa-math does not claim lse"
+    with pytest.raises(PropertySkipped, match="sdpa-math does not claim lse"):
+        run_property(get_property("lse_matches_reference"), get("sdpa-math"), profile="ci")
+
+
+def test_profiles_are_explicit(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    for prof in ("ci", "dev", "thorough"):
+        s = hypothesis_settings(prof)
+        assert s.deadline is None and s.database is not None and not s.derandomize
+    assert hypothesis_settings("ci", seed=3).derandomize
+    assert hypothesis_settings("ci").max_examples < hypothesis_settings("dev").max_examples < hypothesis_settings("thorough").max_examples
+
+
+def _run_correct(adapter, prop, max_examples):
+    a = get(adapter)
+    p = get_property(prop)
+    if p.skip_reason(a):
+        pytest.skip(p.skip_reason(a))
+    try:
+        run_property(p, a, profile="ci", seed=0, max_examples=max_examples, database=None, report_dir="reports/test")
+    except AssertionError:
+        if _known(adapter, prop):
+            pytest.xfail(_known(adapter, prop))
+        raise
+
+
+@pytest.mark.parametrize("prop", [p.name for p in PROPERTIES])
+@pytest.mark.parametrize("adapter", ["naive", "sdpa-math", "sdpa-flash"])
+def test_correct_adapters_hold_quick(adapter, prop):
+    _run_correct(adapter, prop, max_examples=8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prop", [p.name for p in PROPERTIES])
+@pytest.mark.parametrize("adapter", ["naive", "sdpa-math", "sdpa-flash"])
+def test_correct_adapters_hold_ci_profile(adapter, prop):
+    _run_correct(adapter, prop, max_examples=None)
+
+
+def test_tiled_model_without_bug_holds():
+    control = _mk("control")
+    for prop in ("forward_matches_reference", "lse_matches_reference", "gradients_match_reference", "determinism"):
+        run_property(get_property(prop), control, profile="ci", seed=0, max_examples=15, database=None)
+
+
+@pytest.mark.parametrize("name", list(WRONG))
+def test_wrong_implementation_is_caught(name, tmp_path):
+    adp, props = WRONG[name]
+    events = []
+    with pytest.raises(AssertionError) as ei:
+        for p in props:
+            run_property(get_property(p), adp, profile="ci", seed=0, database=None, journal=events.append,
+                         report_dir=str(tmp_path))
+    text = str(ei.value)
+    assert "shrunk case:" in text and "attnverify repro " in text
+    path = text.split("attnverify repro ")[1].split()[0]
+    saved = json.load(open(path))
+    assert saved["recipe"] and saved["property"] in props and saved["adapter"] == adp.name
+    assert events[0]["event"] == "case_start" and events[1]["event"] == "result"
+    assert any(e["event"] == "result" and not e["passed"] for e in events)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(WRONG))
+def test_wrong_implementation_is_caught_without_corpus(name, tmp_path):
+    adp, props = WRONG[name]
+    with pytest.raises(AssertionError, match="attnverify repro"):
+        for p in props:
+            run_property(get_property(p), adp, profile="ci", seed=0, database=None, use_corpus=False,
+                         report_dir=str(tmp_path))
+
+
+def test_database_replays_a_failure_first(tmp_path, monkeypatch):
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    monkeypatch.setenv("CI", "true")
+    db = DirectoryBasedExampleDatabase(str(tmp_path / "db"))
+    adp, props = WRONG["trunc_hd128"]
+    counts = []
+    for _ in range(2):
+        ev = []
+        with pytest.raises(AssertionError):
+            run_property(get_property(props[0]), adp, profile="ci", database=db, use_corpus=False, journal=ev.append,
+                         report_dir=str(tmp_path))
+        counts.append(next(i for i, e in enumerate(ev) if e["event"] == "result" and not e["passed"]))
+    assert counts[1] == 1  # the stored failure is the second event: replayed first

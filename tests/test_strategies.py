@@ -1,0 +1,153 @@
+"""The strategies draw only what an adapter claims, validate their arguments, and shrink simply."""
+import math
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
+
+import attnverify as av
+from attnverify.adapters.registry import get
+from attnverify.check import unclaimed
+from attnverify.reference import online_softmax, reference_forward
+from attnverify.strategies import (
+    InvalidArgument, attention_cases, corpus, fully_masked_row_count, interesting_lengths, seqlens, tile_partitions,
+)
+
+FAST = settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+
+
+@av.adapter("restricted-test", register=False, dtypes=("float16",), head_dims=(64, 96), max_seqlen=100)
+def restricted(q, k, v, spec):
+    return q
+
+
+@av.adapter("no-fm-test", register=False, dtypes=("float32",), attn_mask=True, causal=("none", "bottom_right"),
+            window=True, varlen=True, fully_masked="unsupported")
+def no_fm(q, k, v, spec):
+    return q
+
+
+@pytest.mark.parametrize("name", ["naive", "sdpa-math", "sdpa-flash"])
+def test_draws_only_claimed_cases(name):
+    a = get(name)
+
+    @FAST
+    @given(attention_cases(adapter=a, profile="ci"))
+    def t(r):
+        assert unclaimed(a, av.build_case(r)) is None
+
+    t()
+
+
+def test_restricted_adapter_gets_only_its_claims():
+    @FAST
+    @given(attention_cases(adapter=restricted, profile="ci"))
+    def t(r):
+        c = av.build_case(r)
+        assert unclaimed(restricted, c) is None
+        assert r.dtype == "float16" and r.head_dim in (64, 96) and max(r.len_q, r.len_k) <= 100
+        assert r.mask == "none" and r.causal == "none" and r.heads_q == r.heads_kv and r.head_dim_v is None
+
+    t()
+
+
+def test_no_fully_masked_rows_when_unsupported():
+    @FAST
+    @given(attention_cases(adapter=no_fm, profile="ci"))
+    def t(r):
+        assert fully_masked_row_count(r) == 0
+
+    t()
+
+
+def test_fully_masked_true_always_has_one():
+    a = get("naive")
+
+    @FAST
+    @given(attention_cases(adapter=a, profile="ci", fully_masked=True))
+    def t(r):
+        c = av.build_case(r)
+        assert torch.isneginf(reference_forward(c.q, c.k, c.v, c.spec).lse).any()
+
+    t()
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(min_seqlen=9, max_seqlen=4), "min_seqlen=9 is larger than max_seqlen=4"),
+    (dict(dtypes=("float99",)), "dtypes=('float99',)"),
+    (dict(profile="huge"), "profile='huge'"),
+    (dict(max_seqlen=10**6), "max_seqlen=1000000 is larger than"),
+    (dict(batch=0), "batch=0 must be >= 1"),
+])
+def test_arguments_are_validated_at_once(kw, msg):
+    with pytest.raises(InvalidArgument, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        attention_cases(adapter=get("naive"), **kw)
+
+
+def test_unclaimed_feature_forced_is_an_error():
+    with pytest.raises(InvalidArgument, match="window=True but sdpa-math does not claim window"):
+        attention_cases(adapter=get("sdpa-math"), window=True)
+    with pytest.raises(InvalidArgument, match="does not claim lse"):
+        attention_cases(adapter=get("sdpa-math"), return_lse=True)
+
+
+def test_arguments_may_be_strategies():
+    a = get("naive")
+
+    @FAST
+    @given(attention_cases(adapter=a, profile="ci", max_seqlen=st.integers(5, 9), batch=st.just(2)))
+    def t(r):
+        assert r.batch == 2 and r.len_k <= 9
+
+    t()
+
+
+def test_interesting_lengths():
+    ls = interesting_lengths(max_len=200)
+    for x in (1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 192, 31, 97, 131):
+        assert x in ls
+    assert all(1 <= x <= 200 for x in ls)
+    assert 130 in interesting_lengths(max_len=200, tiles=(65,))
+    with pytest.raises(InvalidArgument, match="min_len=5 is larger than max_len=3"):
+        seqlens(min_len=5, max_len=3)
+
+
+def test_shrinks_to_simple_cases():
+    a = get("naive")
+    r = find(attention_cases(adapter=a, profile="ci"), lambda r: r.len_k > 100,
+             settings=settings(database=None, max_examples=500, suppress_health_check=list(HealthCheck)))
+    assert (r.batch, r.heads_q, r.dtype, r.mask, r.causal, r.layout, r.seed) == (1, 1, "float32", "none", "none", "contiguous", 0)
+    assert r.len_k == 101 or r.len_k in interesting_lengths(max_len=200)
+    r = find(attention_cases(adapter=a, profile="ci"), lambda r: r.heads_q != r.heads_kv,
+             settings=settings(database=None, max_examples=500, suppress_health_check=list(HealthCheck)))
+    assert (r.heads_q, r.heads_kv, r.len_q, r.len_k) == (2, 1, 1, 1)
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(st.integers(1, 70).flatmap(lambda n: st.tuples(st.just(n), tile_partitions(n))), st.integers(0, 1000))
+def test_online_softmax_equals_reference_for_any_partition(n_bounds, seed):
+    n, bounds = n_bounds
+    assert bounds[0] == 0 and bounds[-1] == n and bounds == sorted(set(bounds))
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 1, 5, 8, generator=g, dtype=torch.float64) * 3
+    k = torch.randn(1, 1, n, 8, generator=g, dtype=torch.float64) * 3
+    v = torch.randn(1, 1, n, 4, generator=g, dtype=torch.float64)
+    s = q @ k.transpose(-1, -2) / math.sqrt(8)
+    st_ = online_softmax(s, v, bounds)
+    ref = reference_forward(q, k, v)
+    torch.testing.assert_close(st_.output(), ref.out)
+    torch.testing.assert_close(st_.lse(), ref.lse)
+
+
+def test_corpus_is_claimed_and_complete():
+    labels = {r.tags[0] for r in corpus(get("naive"), profile="ci")}
+    for want in ("two-tile", "masked-key-tile-causal-window", "L192-logits-minus-120-mask", "bottom-right-lq-gt-lk",
+                 "lk-1-mod-32", "decode", "mask-broadcast-over-keys"):
+        assert want in labels
+    for name in ("sdpa-math", "sdpa-flash"):
+        a = get(name)
+        for r in corpus(a, profile="ci"):
+            assert unclaimed(a, av.build_case(r)) is None
+    assert all(r.dtype == "float16" and r.head_dim in (64, 96) for r in corpus(restricted, profile="ci"))
