@@ -38,8 +38,10 @@ OUTPUTS = ("out", "lse", "dq", "dk", "dv")
 
 # Floors, in units of u. Forward errors of correct kernels sit near 0.4-0.8 u (rel L2) and the
 # worst element below ~8 u(|ref|+s); gradients carry a few more roundings (dS = P * (dP - delta)).
-NORM_U = {"out": 4.0, "lse": 4.0, "dq": 8.0, "dk": 8.0, "dv": 6.0}
-ELEM_U = {"out": 16.0, "lse": 16.0, "dq": 32.0, "dk": 32.0, "dv": 24.0}
+# Measured (docs/tolerances.md): out sits at 0.35-0.8 u (rel L2) for every correct backend, so a
+# floor of 1.5 u still rejects P@V accumulated in fp16 at Lk = 4096 (3.6 u with mean(V) = 1).
+NORM_U = {"out": 1.5, "lse": 4.0, "dq": 3.0, "dk": 3.0, "dv": 2.5}
+ELEM_U = {"out": 8.0, "lse": 16.0, "dq": 16.0, "dk": 16.0, "dv": 12.0}
 # A kernel may be this many times less accurate than the same-dtype baseline (flash-attn: 2 / 3).
 # Gradients get 4 (not flash-attn's 3) because this baseline keeps scores in float32 and is so more
 # accurate than flash-attn's fp16 reference; fused kernels round dS to the input dtype where the

@@ -21,6 +21,10 @@ from .base import ExampleResult, Property
 from .profiles import DEFAULT_PROFILE, hypothesis_settings
 
 
+# Seconds of shrinking after the first failure, per profile; then the smallest failure so far is reported.
+SHRINK_BUDGET_S = {"ci": 20.0, "dev": 60.0, "thorough": 300.0}
+
+
 class PropertySkipped(unittest.SkipTest):
     """The adapter does not claim what the property needs (pytest reports it as a skip)."""
 
@@ -65,6 +69,7 @@ def run_property(
     database=...,
     on_first_failure: Optional[Callable[[int, float], None]] = None,
     use_corpus: bool = True,
+    shrink_budget_s: Optional[float] = None,
 ) -> PropertyRun:
     """Run `prop` against `adapter`; return a PropertyRun, raise AssertionError on a failure,
     PropertySkipped (a unittest.SkipTest) when the adapter does not claim what it needs."""
@@ -75,10 +80,18 @@ def run_property(
     st_ = prop.strategy(adapter, profile, device)
     corpus = list(prop.examples(adapter, profile, device)) if use_corpus else []
     run = PropertyRun(prop.name, adapter.name, profile, corpus=len(corpus))
-    state = {"last_fail": None, "n": 0, "first": None}
+    state = {"last_fail": None, "n": 0, "first": None, "failing": {}}
+    budget = shrink_budget_s if shrink_budget_s is not None else SHRINK_BUDGET_S.get(profile, 60.0)
     t0 = time.perf_counter()
 
     def body(drawn):
+        if state["first"] is not None and time.perf_counter() - t0 - state["first"][1] > budget:
+            # shrinking budget spent: judge only what is already known to fail, so the shrinker stops
+            key = json.dumps(drawn, sort_keys=True, default=str)
+            if key in state["failing"]:
+                state["last_fail"] = (drawn, state["failing"][key])
+                raise _ExampleFailed(state["failing"][key].message)
+            return
         state["n"] += 1
         idx = state["n"]
         if journal is not None:
@@ -108,6 +121,7 @@ def run_property(
                 if on_first_failure is not None:
                     on_first_failure(idx, time.perf_counter() - t0)
             state["last_fail"] = (drawn, res)
+            state["failing"][json.dumps(drawn, sort_keys=True, default=str)] = res
             raise _ExampleFailed(res.message)
 
     test = given(st_)(body)
