@@ -118,7 +118,10 @@ def _leaf(t: torch.Tensor, grad: bool) -> torch.Tensor:
     # dense tensors, so rebuild views through as_strided on a copy of the storage
     x = t.detach()
     if grad:
-        x = x.clone() if x.is_contiguous() else _same_strides(x)
+        if 0 in x.stride() and x.numel() > 1:
+            x = x.contiguous()  # an expanded (stride-0) leaf cannot hold its own gradient
+        else:
+            x = x.clone() if x.is_contiguous() else _same_strides(x)
         x.requires_grad_(True)
     return x
 
@@ -182,7 +185,8 @@ def check(
 
     gen = torch.Generator().manual_seed(int(case.seed) + 1)
     comps: List[Comparison] = []
-    base = _baseline(case, keep) if baseline else None
+    cache: dict = {"ref": ref}  # reference results shared by the check and the baseline
+    base = _baseline(case, keep, cache, do_bwd) if baseline else None
     mags = _magnitudes(case)
 
     def tol(name, dtype):
@@ -208,7 +212,7 @@ def check(
         if any_fm and claims.fully_masked == "nan":
             notes.append("gradients not compared: fully-masked rows produce NaN by declaration")
         else:
-            comps += _check_grads(adapter, case, q, k, v, out, lse, keep, gen, tol, ignore_rows, outputs)
+            comps += _check_grads(adapter, case, q, k, v, out, lse, keep, gen, tol, ignore_rows, outputs, cache)
     after_bad = [n for n, b, t in zip("qkv", before, (q, k, v)) if not _same(b, t.detach())]
     if after_bad:
         c = compare("inputs", torch.ones(1), torch.zeros(1, dtype=torch.float64), tolerance_for("out", "float32"))
@@ -222,7 +226,7 @@ def check(
     return res
 
 
-def _check_grads(adapter, case, q, k, v, out, lse, keep, gen, tol, ignore_rows, outputs):
+def _check_grads(adapter, case, q, k, v, out, lse, keep, gen, tol, ignore_rows, outputs, cache):
     comps = []
     d_out = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.device, out.dtype)
     d_lse = None
@@ -232,7 +236,10 @@ def _check_grads(adapter, case, q, k, v, out, lse, keep, gen, tol, ignore_rows, 
         # no gradient flows into -inf LSE rows (fully masked): keep the upstream finite there
         roots.append(lse)
         grads.append(d_lse)
-    ref_g = reference_backward(case.q, case.k, case.v, case.spec, d_out, d_lse, dropout_mask=keep)
+    if d_lse is None and "grads" in cache:
+        ref_g = cache["grads"]
+    else:
+        ref_g = reference_backward(case.q, case.k, case.v, case.spec, d_out, d_lse, dropout_mask=keep)
     why = None
     if not out.requires_grad:
         why = "the output is not connected to q, k, v by autograd (no grad_fn): backward is claimed"
@@ -284,7 +291,9 @@ def _magnitudes(case: Case) -> dict:
         "S": S,
         "out": 0.5 * _rms(v),
         "dq": 0.25 * abs(scale) * dp * _rms(k),
-        "dk": 0.25 * abs(scale) * dp * _rms(q),
+        # dK_j sums the cancelling terms of every query that sees key j: with Lq >> Lk (Lk = 1 gives
+        # dK = 0 exactly) their rounding grows like sqrt(Lq / Lk)
+        "dk": 0.25 * abs(scale) * dp * _rms(q) * math.sqrt(max(1.0, q.shape[2] / max(1, k.shape[2]))),
         "dv": 0.0,
         "lse": 1.0,
     }
@@ -298,8 +307,10 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def _baseline(case: Case, keep) -> Optional[dict]:
-    """Errors of the same-dtype eager implementation on the very same inputs: name -> (rel_l2, max_abs)."""
+def _baseline(case: Case, keep, cache: dict, with_grads: bool) -> Optional[dict]:
+    """Errors of the same-dtype eager implementation on the very same inputs: name -> (rel_l2, max_abs).
+
+    Uses the same upstream gradient as the check (seeded from the case) and the check's reference."""
     from .adapters.naive import naive_attention
 
     if case.dtype not in ("float16", "bfloat16", "float32"):
@@ -308,23 +319,21 @@ def _baseline(case: Case, keep) -> Optional[dict]:
     if spec.dropout_p > 0:
         return None  # the baseline would draw another keep-mask; the u-floors alone apply
     try:
-        q, k, v = (t.detach().clone().requires_grad_(True) for t in (case.q, case.k, case.v))
-        with torch.enable_grad():
+        q, k, v = (t.detach().clone().requires_grad_(with_grads) for t in (case.q, case.k, case.v))
+        with torch.enable_grad() if with_grads else torch.no_grad():
             o = naive_attention(q, k, v, spec.replace(return_lse=True))
-        gen = torch.Generator().manual_seed(int(case.seed) + 1)
-        d_out = torch.randn(o.out.shape, generator=gen, dtype=torch.float64).to(o.out.device, o.out.dtype)
-        gq, gk, gv = torch.autograd.grad([o.out], [q, k, v], [d_out])
+        ref = cache["ref"]
+        errs = {"out": error_stats(o.out, ref.out), "lse": error_stats(o.lse, ref.lse)}
+        if with_grads:
+            gen = torch.Generator().manual_seed(int(case.seed) + 1)
+            d_out = torch.randn(o.out.shape, generator=gen, dtype=torch.float64).to(o.out.device, o.out.dtype)
+            gq, gk, gv = torch.autograd.grad([o.out], [q, k, v], [d_out])
+            rg = reference_backward(case.q, case.k, case.v, spec, d_out)
+            cache["grads"] = rg
+            errs.update(dq=error_stats(gq, rg.dq), dk=error_stats(gk, rg.dk), dv=error_stats(gv, rg.dv))
+        return errs
     except Exception:
         return None
-    ref = reference_forward(case.q, case.k, case.v, spec)
-    rg = reference_backward(case.q, case.k, case.v, spec, d_out)
-    return {
-        "out": error_stats(o.out, ref.out),
-        "lse": error_stats(o.lse, ref.lse),
-        "dq": error_stats(gq, rg.dq),
-        "dk": error_stats(gk, rg.dk),
-        "dv": error_stats(gv, rg.dv),
-    }
 
 
 def _format_exc(e: BaseException) -> str:

@@ -40,13 +40,20 @@ OUTPUTS = ("out", "lse", "dq", "dk", "dv")
 # worst element below ~8 u(|ref|+s); gradients carry a few more roundings (dS = P * (dP - delta)).
 # Measured (docs/tolerances.md): out sits at 0.35-0.8 u (rel L2) for every correct backend, so a
 # floor of 1.5 u still rejects P@V accumulated in fp16 at Lk = 4096 (3.6 u with mean(V) = 1).
-NORM_U = {"out": 1.5, "lse": 4.0, "dq": 3.0, "dk": 3.0, "dv": 2.5}
-ELEM_U = {"out": 8.0, "lse": 16.0, "dq": 16.0, "dk": 16.0, "dv": 12.0}
+# dQ/dK element-wise: fused backward kernels round dS to the input dtype before dS @ K; with a towering
+# key (peaked softmax) single elements of dQ reached 3.2x a 16u bound on the H200 (sdpa-efficient bf16),
+# hence 48u; the norm-wise floor stays tight.
+NORM_U = {"out": 1.5, "lse": 4.0, "dq": 4.0, "dk": 4.0, "dv": 2.5}
+ELEM_U = {"out": 8.0, "lse": 16.0, "dq": 48.0, "dk": 48.0, "dv": 12.0}
 # A kernel may be this many times less accurate than the same-dtype baseline (flash-attn: 2 / 3).
 # Gradients get 4 (not flash-attn's 3) because this baseline keeps scores in float32 and is so more
 # accurate than flash-attn's fp16 reference; fused kernels round dS to the input dtype where the
 # baseline does not (measured: sdpa-cudnn bf16 dK at 3.5x the baseline with scores near -1000).
 BASELINE_FACTOR = {"out": 2.0, "lse": 2.0, "dq": 4.0, "dk": 4.0, "dv": 4.0}
+# The u-floors in units of u suit half types, whose error is the final rounding (0.35-0.8 u). In
+# float32 the final rounding is negligible and accumulation dominates: correct kernels measured at a
+# median of 2-4 u (rel L2) on the CPU and the H200, so the floors scale up for wider types.
+FLOOR_SCALE = {"float32": 4.0, "float64": 16.0}
 # Coefficient of u_acc * S (largest |score|) in the effective unit roundoff.
 SCORE_U = 4.0
 
@@ -103,10 +110,11 @@ def tolerance_for(
     if score_max and score_max == score_max:
         u = u + SCORE_U * UNIT_ROUNDOFF["float32" if dtype_name(dtype) != "float64" else "float64"] * float(score_max)
     k = BASELINE_FACTOR[output]
-    norm = NORM_U[output] * u
+    fs = FLOOR_SCALE.get(dtype_name(dtype), 1.0)
+    norm = NORM_U[output] * u * fs
     if baseline_rel_l2 is not None and baseline_rel_l2 == baseline_rel_l2:  # not NaN
         norm = max(norm, k * float(baseline_rel_l2))
     floor = 0.0
     if baseline_max_abs is not None and baseline_max_abs == baseline_max_abs:
         floor = k * float(baseline_max_abs)
-    return Tolerance(output, dtype_name(dtype), norm * loosen, ELEM_U[output] * loosen, u, floor * loosen, scale_floor)
+    return Tolerance(output, dtype_name(dtype), norm * loosen, ELEM_U[output] * fs * loosen, u, floor * loosen, scale_floor)

@@ -50,6 +50,11 @@ def _impls(causal: bool):
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+        import torch._dynamo
+
+        # one compile per shape: without this the 9th shape silently falls back to the unfused eager path
+        torch._dynamo.config.recompile_limit = 256
+        torch._dynamo.config.cache_size_limit = 256
         compiled = torch.compile(flex_attention, dynamic=False)
         masks = {}
 

@@ -27,19 +27,25 @@ def naive_attention(q, k, v, spec: Spec, *, return_keep: bool = True):
     s = torch.matmul(q.to(acc), kk.to(acc).transpose(-1, -2)) * spec.resolved_scale(d)
     if spec.softcap is not None:
         s = spec.softcap * torch.tanh(s / spec.softcap)
-    bias, vis = score_bias_and_visibility(spec, b, hq, lq, lk, q.device)
+    bias, vis = score_bias_and_visibility(spec, b, hq, lq, lk, q.device, dtype=acc)
     if bias is not None:
         s = s + bias
     if vis is not None:
         s = s.masked_fill(~vis, NEG_INF)
-    lse = torch.logsumexp(s, dim=-1)
-    lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    # fully-masked rows (every s is -inf, from a bool mask or an additive -inf): logsumexp and its
+    # backward would form -inf - -inf, so they see zeros instead and p is exactly 0 there
+    dead = torch.isneginf(s).all(dim=-1, keepdim=True)
+    lse = torch.logsumexp(s.masked_fill(dead, 0.0), dim=-1)
+    lse = lse.masked_fill(dead.squeeze(-1), NEG_INF)
+    lse_safe = lse.masked_fill(dead.squeeze(-1), 0.0)
     p = torch.exp(s - lse_safe.unsqueeze(-1))
-    # fully-masked rows: every s is -inf so p is exactly 0 already (no -inf - -inf anywhere)
     keep = keep_mask(spec, (b, hq, lq, lk), q.device)
     if keep is not None:
         p = p * keep / (1.0 - spec.dropout_p)
-    out = torch.matmul(p.to(q.dtype).to(acc), vv.to(acc)).to(q.dtype)
+    # P is rounded to the input dtype (as a kernel feeds it to the P@V matmul) but its gradient stays
+    # in float32: autograd through .to(fp16) would round dP to fp16 and overflow at large |V|
+    p_rounded = p + (p.to(q.dtype).to(acc) - p).detach()
+    out = torch.matmul(p_rounded, vv.to(acc)).to(q.dtype)
     return Output(out, lse=lse if spec.return_lse else None, dropout_mask=keep if return_keep else None)
 
 

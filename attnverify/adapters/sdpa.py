@@ -26,8 +26,9 @@ _ALL_CAUSAL = ("none", "top_left", "bottom_right")
 _CPU_CLAIMS = {
     "default": dict(dtypes=("float16", "bfloat16", "float32", "float64")),
     "math": dict(dtypes=("float16", "bfloat16", "float32", "float64")),
-    # flash on the CPU refuses Dv != D ("requires q,k,v to have the same last dimension")
-    "flash": dict(dtypes=("float16", "bfloat16", "float32", "float64"), dv_ne_d=False),
+    # flash on the CPU refuses Dv != D ("requires q,k,v to have the same last dimension") and
+    # has no dropout (the call runs without it)
+    "flash": dict(dtypes=("float16", "bfloat16", "float32", "float64"), dv_ne_d=False, dropout=False),
 }
 
 # Per backend on CUDA, from probe_sdpa.py and calibrate_tolerances.py on the H200 (torch 2.11):
@@ -98,6 +99,8 @@ def _availability(backend: str):
 def _refuses(backend: str):
     def check(case) -> str | None:
         lq, lk = case.q.shape[2], case.k.shape[2]
+        if backend in ("flash", "efficient", "cudnn") and any(t.stride(-1) != 1 for t in (case.q, case.k, case.v)):
+            return f"sdpa-{backend} needs a contiguous last dimension (No available kernel otherwise)"
         if case.q.is_cuda and backend in ("flash", "cudnn") and case.spec.causal != "none" and lq != lk:
             return f"sdpa-{backend} on CUDA refuses causal with Lq != Lk"
         if case.q.is_cuda and backend == "cudnn" and lk == 1:

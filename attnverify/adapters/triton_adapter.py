@@ -23,7 +23,7 @@ from ..spec import Output, Spec
 from .base import adapter
 
 _CUDA = torch.cuda.is_available()  # does not initialise a context
-_TILES = (128, 64) if _CUDA else (64, 64)  # kernels.launch.default_config / INTERPRETER_CONFIG
+_TILES = (64, 64)  # kernels.launch.default_config / INTERPRETER_CONFIG
 
 
 def _availability():

@@ -7,6 +7,11 @@
 from ._props import (
     PROPERTIES, CaseProperty, MetamorphicProperty,
 )
+from ._contract import CONTRACT_PROPERTIES, install as _install_contract
+
+# contract and robustness properties (issue 8): `inputs_unmodified` becomes the forward+backward version,
+# the others are appended; in place, so `_props.PROPERTIES` is the same list
+_install_contract(PROPERTIES)
 from .base import ExampleResult, Property
 from .profiles import DEFAULT_PROFILE, hypothesis_settings, register_profiles
 
@@ -25,4 +30,4 @@ def run_property(*args, **kwargs):
 
 
 __all__ = ["PROPERTIES", "get_property", "run_property", "Property", "ExampleResult", "CaseProperty",
-           "MetamorphicProperty", "hypothesis_settings", "register_profiles", "DEFAULT_PROFILE"]
+           "MetamorphicProperty", "hypothesis_settings", "register_profiles", "DEFAULT_PROFILE", "CONTRACT_PROPERTIES"]

@@ -150,9 +150,15 @@ def save_failure(prop, adapter, drawn, res: ExampleResult, report_dir: str = "re
     recipe = drawn.get("recipe") if isinstance(drawn, dict) else None
     if recipe is None:
         return None
-    case = build_case(CaseRecipe.from_dict(recipe), label=f"{prop.name}[{adapter.name}]")
+    # built on the CPU: the parent that drives Hypothesis must never start CUDA (forked judges need it)
+    cpu = CaseRecipe.from_dict(recipe)
+    cpu.device = "cpu"
+    case = build_case(cpu, label=f"{prop.name}[{adapter.name}]")
+    case.recipe = CaseRecipe.from_dict(recipe)  # saved with its real device
     os.makedirs(os.path.join(report_dir, "cases"), exist_ok=True)
-    path = os.path.join(report_dir, "cases", f"{case.case_id()}.json")
+    # one file per (property, adapter, case): two adapters failing the same case must not clobber
+    tag = hashlib.sha1(f"{prop.name}|{adapter.name}|{case.case_id()}".encode()).hexdigest()[:12]
+    path = os.path.join(report_dir, "cases", f"{tag}.json")
     case.save(path)
     with open(path) as f:
         d = json.load(f)
@@ -195,6 +201,8 @@ def _describe(drawn) -> str:
     try:
         from ..case import CaseRecipe, build_case
 
-        return build_case(CaseRecipe.from_dict(drawn["recipe"])).describe()
+        r = CaseRecipe.from_dict(drawn["recipe"])
+        r.device = "cpu"  # describing needs no GPU in the parent
+        return build_case(r).describe()
     except Exception:
         return repr(drawn)[:500]

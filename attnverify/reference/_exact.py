@@ -207,6 +207,6 @@ def _dense_backward(q, k, v, p: _Params, d_out, d_lse=None, block_q=None) -> Ref
             dq[:, :, i0:i1] = torch.matmul(ds, k)
             dk += torch.matmul(ds.transpose(-1, -2), qb)
     if g > 1:
-        dk = dk.view(b, hkv, g, lk, -1).sum(2)
-        dv = dv.view(b, hkv, g, lk, -1).sum(2)
+        dk = dk.reshape(b, hkv, g, lk, dk.shape[-1]).sum(2)  # explicit sizes: lk may be 0
+        dv = dv.reshape(b, hkv, g, lk, dv.shape[-1]).sum(2)
     return ReferenceGrads(dq, dk, dv)
