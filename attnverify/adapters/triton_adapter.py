@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import torch
 
@@ -25,12 +26,18 @@ from .base import adapter
 _CUDA = torch.cuda.is_available()  # does not initialise a context
 _TILES = (64, 64)  # kernels.launch.default_config / INTERPRETER_CONFIG
 
+# Without a GPU the kernels can only run under the interpreter, which Triton reads when it is first
+# imported: switch it on here if nobody decided otherwise and triton is not loaded yet.
+if not _CUDA and "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"
+
 
 def _availability():
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (pip install 'attnverify[triton]')"
     if not _CUDA and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        return "no CUDA GPU here and the Triton interpreter is off (set TRITON_INTERPRET=1 to run on the CPU)"
+        return ("no CUDA GPU here and the Triton interpreter is off (export TRITON_INTERPRET=1 before "
+                "anything imports triton to run on the CPU)")
     return None
 
 
