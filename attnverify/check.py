@@ -187,7 +187,7 @@ def check(
     comps: List[Comparison] = []
     cache: dict = {"ref": ref}  # reference results shared by the check and the baseline
     base = _baseline(case, keep, cache, do_bwd) if baseline else None
-    mags = _magnitudes(case)
+    mags = magnitudes(case)
 
     def tol(name, dtype):
         b = base.get(name) if base else (None, None)
@@ -272,7 +272,7 @@ def _rms(t: torch.Tensor) -> float:
     return float(t.norm() / math.sqrt(max(1, t.numel())))
 
 
-def _magnitudes(case: Case) -> dict:
+def magnitudes(case: Case) -> dict:
     """S (a bound on |score|) and floors for each tensor's scale from the inputs' magnitudes.
 
     dQ and dK are sums of P * (dP - delta) terms that cancel: their rounding is set by the size of
@@ -357,3 +357,6 @@ def assert_attention_close(adapter_or_result, case: Optional[Case] = None, **kw)
     if not res.passed:
         raise AssertionError(res.message())
     return res
+
+
+_magnitudes = magnitudes  # older private name, still used by some properties

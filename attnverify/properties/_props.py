@@ -22,6 +22,7 @@ from ..reference import reference_forward
 from ..spec import Spec
 from ..strategies import attention_cases, corpus, fully_masked_row_count
 from ..tolerances import tolerance_for
+from ..check import magnitudes
 from .base import ExampleResult, Property
 
 
@@ -225,7 +226,9 @@ class NonfiniteInputsPropagate(CaseProperty):
         b = base.double().cpu().masked_fill(bad_rows, 0.0)
         r0 = ref.out.cpu().masked_fill(bad_rows, 0.0)
         brel, babs = error_stats(b, r0)
-        tol = tolerance_for("out", case.dtype, baseline_rel_l2=brel, baseline_max_abs=babs)
+        mags = magnitudes(case)
+        tol = tolerance_for("out", case.dtype, baseline_rel_l2=brel, baseline_max_abs=babs, score_max=mags["S"],
+                            scale_floor=mags["out"])
         c = compare("out", out, ref.out, tol, ignore=bad_rows)
         got_rows = ~torch.isfinite(out.detach().double().cpu()).all(-1, keepdim=True)
         missing = bad_rows & ~got_rows
@@ -282,11 +285,14 @@ class MetamorphicProperty(CaseProperty):
             except Exception:
                 base = {}
         comps: List[Comparison] = []
+        mags = magnitudes(case)
         for n, (got, exp) in mine.items():
             kind = _TOL_KIND.get(n.split(":")[0], "out")
             dt = "float32" if kind == "lse" else case.dtype
             b = base.get(n)
-            tol = tolerance_for(kind, dt, baseline_rel_l2=b[0] if b else None, baseline_max_abs=b[1] if b else None)
+            # both sides carry their own rounding: the same score-size and scale floors as `check`
+            tol = tolerance_for(kind, dt, baseline_rel_l2=b[0] if b else None, baseline_max_abs=b[1] if b else None,
+                                score_max=mags["S"], scale_floor=mags.get(kind, 0.0))
             if exp is None or not isinstance(exp, torch.Tensor):
                 c = compare(n, None, torch.zeros(1, dtype=torch.float64), tol)
                 c.problems = [f"{n}: the adapter returned nothing to compare"]
