@@ -50,6 +50,7 @@ _KV_PAD = 64  # extra cache rows past cache_seqlens in flash-attn-kvcache
 _KV_GARBAGE = 3e4
 
 _FA2_PROBE = r"""
+import torch
 import flash_attn
 from flash_attn import flash_attn_func
 cap = torch.cuda.get_device_capability()
@@ -64,6 +65,7 @@ _done(True, version=getattr(flash_attn, "__version__", "?"), capability=list(cap
 """
 
 _FA3_PROBE = r"""
+import torch
 try:
     import flash_attn_interface as fa3
 except ImportError:

@@ -18,6 +18,14 @@ BUILTINS: Dict[str, str] = {
     "sdpa-efficient": "attnverify.adapters.sdpa:sdpa_efficient",
     "sdpa-cudnn": "attnverify.adapters.sdpa:sdpa_cudnn",
     "triton": "attnverify.adapters.triton_adapter:triton",
+    "flex": "attnverify.adapters.flex:flex",
+    "flash-attn": "attnverify.adapters.flash_attn:flash_attn",
+    "flash-attn-kvcache": "attnverify.adapters.flash_attn:flash_attn_kvcache",
+    "flash-attn3": "attnverify.adapters.flash_attn:flash_attn3",
+    "xformers": "attnverify.adapters.xformers_adapter:xformers",
+    "flashinfer": "attnverify.adapters.flashinfer_adapter:flashinfer",
+    "jax": "attnverify.adapters.jax_adapter:jax",
+    "te": "attnverify.adapters.te_adapter:te",
 }
 ENTRY_POINT_GROUP = "attnverify.adapters"
 

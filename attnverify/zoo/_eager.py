@@ -24,7 +24,7 @@ FORWARD_BUGS = (
     "gqa_interleaved", "batch_kv_from_batch0", "scale_missing", "scale_twice", "scale_ignored",
     "softcap_before_scale", "alibi_sign", "alibi_top_left", "causal_top_left", "window_off_by_one",
     "varlen_leak", "decode_drops_last_key", "hd_trunc_128", "fm_nan", "fm_mean_v", "fm_unmasked",
-    "exp_no_max", "split_kv_equal_weights", "dropout_no_rescale",
+    "exp_no_max", "split_kv_equal_weights", "dropout_no_rescale", "pv_half_accumulate",
 )
 SPLIT_KV = 32  # keys per split of the split-KV (flash-decoding) member
 
@@ -186,10 +186,11 @@ def attend(q, k, v, spec: Spec, bug: Optional[str] = None, *, return_p: bool = F
     if bug == "exp_no_max":
         e = torch.exp(s)  # no max subtraction: overflows above ~88, underflows below ~-103
         l = e.sum(-1, keepdim=True)
-        p = e / l
+        dead = torch.isneginf(s).all(-1, keepdim=True)  # rows that see no key: 0, as declared
+        p = torch.where(dead, torch.zeros_like(e), e / torch.where(dead, torch.ones_like(l), l))
         lse = torch.log(l).squeeze(-1)
-    elif bug == "fm_nan":
-        p = torch.softmax(s, dim=-1)  # all -inf -> NaN
+    elif bug in ("fm_nan", "fm_mean_v"):
+        p = torch.softmax(s, dim=-1)  # all -inf -> NaN; all finfo.min -> uniform, i.e. mean(V)
         lse = torch.logsumexp(s, dim=-1)
     else:
         dead = torch.isneginf(s).all(-1, keepdim=True)
@@ -200,7 +201,15 @@ def attend(q, k, v, spec: Spec, bug: Optional[str] = None, *, return_p: bool = F
     pd = p
     if keep is not None:
         pd = p * keep if bug == "dropout_no_rescale" else p * keep / (1.0 - spec.dropout_p)
-    out = torch.matmul(pd.to(q.dtype).to(acc), vv).to(q.dtype)
+    if bug == "pv_half_accumulate" and q.dtype in (torch.float16, torch.bfloat16):
+        # a CUDA-core decode kernel: one key at a time, products summed in a half (half2) accumulator
+        ph, vh = pd.to(q.dtype), vv.to(q.dtype)
+        o = torch.zeros(b, hq, lq, dv, dtype=q.dtype, device=q.device)
+        for j in range(lk):
+            o = o + ph[..., j:j + 1] * vh[:, :, j:j + 1, :]
+        out = o
+    else:
+        out = torch.matmul(pd.to(q.dtype).to(acc), vv).to(q.dtype)
     res = Output(out, lse=lse.float() if spec.return_lse else None)
     return (res, p) if return_p else res
 

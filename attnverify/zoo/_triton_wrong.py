@@ -8,14 +8,16 @@ kernel in attnverify/kernels. A compile-time `BUG` switch turns on one defect at
     first_tile_max    the running max is taken from the first key tile only
     pad_zero          keys past Lk in the last tile are loaded as 0 and scored (score 0, not -inf)
     diag_excluded     causal bound j < i instead of j <= i (the diagonal itself is hidden)
-    lowp_acc          the P @ V accumulator is kept in the input dtype (fp16/bf16) between tiles
     lse_base2         the LSE is stored in base-2 units (m2 + log2 l), as the Triton tutorial keeps it
     unwritten_rows    (host bug) grid = Lq // BLOCK_M instead of cdiv: the last partial query tile is
                       never computed, so its rows keep the zeros the output was allocated with
 
 Triton is imported only inside `_kernel()`, on first use. Without a CUDA device the kernel runs
 under the Triton interpreter; TRITON_INTERPRET=1 is set (if unset) before the jit function is
-defined. Under the interpreter dot operands are upcast to fp32 (its bf16 tl.dot is wrong). Tiles are one fixed
+defined. Under the interpreter dot operands are upcast to fp32 (its bf16 tl.dot is wrong), and fp32 -> bf16
+conversions are rounded to nearest even by hand (the Triton 3.9 interpreter truncates toward zero
+when converting to bf16, a bias of about -u/2 that a v_mean offset turns into a failing output for
+an otherwise correct kernel; measured in tests/test_zoo.py). Tiles are one fixed
 config, BLOCK_M = 64 and BLOCK_N = 32: small enough that the ci profile's short sequences cross key
 tiles, large enough to keep the interpreter's cost (about 30 ms per program and 15 ms per loop
 iteration on these 2-core machines) at a second or so per call.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import threading
 
 import torch
@@ -32,9 +35,9 @@ from ..spec import Output, Spec
 
 BLOCK_M = 64
 BLOCK_N = 32
-BUGS = ("none", "no_rescale", "first_tile_max", "pad_zero", "diag_excluded", "lowp_acc", "lse_base2",
-        "unwritten_rows")
-_BUG_ID = {name: i for i, name in enumerate(BUGS)}
+BUGS = ("none", "no_rescale", "first_tile_max", "pad_zero", "diag_excluded", "lse_base2", "unwritten_rows")
+_BUG_ID = {"none": 0, "no_rescale": 1, "first_tile_max": 2, "pad_zero": 3, "diag_excluded": 4, "lse_base2": 6,
+           "unwritten_rows": 7}
 
 _lock = threading.Lock()
 _cache = {}
@@ -44,6 +47,10 @@ def triton_unavailable():
     """None when the zoo's Triton kernels can run here, else why not."""
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (pip install 'attnverify[triton]')"
+    if _interpreting() and "fwd" not in _cache and "triton" in sys.modules \
+            and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return ("no CUDA GPU, and triton was imported before TRITON_INTERPRET=1 was set: the interpreter cannot "
+                "be switched on any more (set TRITON_INTERPRET=1 before importing triton)")
     return None
 
 
@@ -63,6 +70,18 @@ def _kernel():
         import triton.language as tl
 
         @triton.jit
+        def _lowp(x, DT: tl.constexpr, RNE: tl.constexpr):
+            """x (fp32) -> DT. RNE: round to nearest even by hand first (the interpreter truncates to bf16)."""
+            if RNE:
+                b = x.to(tl.uint32, bitcast=True)
+                b = b + 0x7FFF + ((b >> 16) & 1)
+                x = ((b >> 16) << 16).to(tl.float32, bitcast=True)
+            return x.to(DT)
+
+        # jit functions find their callees among the module's globals, not in this closure
+        globals()["_lowp"] = _lowp
+
+        @triton.jit
         def _zoo_fwd(
             Q, K, V, O, LSE,
             stride_qz, stride_qh, stride_qm, stride_qk,
@@ -72,10 +91,10 @@ def _kernel():
             H, GROUP, seq_q, seq_k, qk_scale,
             HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            IS_CAUSAL: tl.constexpr, UPCAST: tl.constexpr, BUG: tl.constexpr,
+            IS_CAUSAL: tl.constexpr, UPCAST: tl.constexpr, RNE: tl.constexpr, BUG: tl.constexpr,
         ):
-            # BUG ids: 0 none, 1 no_rescale, 2 first_tile_max, 3 pad_zero, 4 diag_excluded, 5 lowp_acc,
-            #          6 lse_base2 (7 unwritten_rows is a host-side grid bug)
+            # BUG ids: 0 none, 1 no_rescale, 2 first_tile_max, 3 pad_zero, 4 diag_excluded, 6 lse_base2
+            #          (7 unwritten_rows is a host-side grid bug)
             start_m = tl.program_id(0)
             off_zh = tl.program_id(1)
             off_z = off_zh // H
@@ -93,10 +112,7 @@ def _kernel():
             v_ptrs = V + off_z * stride_vz + off_hk * stride_vh + offs_n0[:, None] * stride_vn + offs_dv[None, :] * stride_vk
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-            if BUG == 5:
-                acc = tl.zeros([BLOCK_M, HEAD_DIM_V], dtype=Q.dtype.element_ty)
-            else:
-                acc = tl.zeros([BLOCK_M, HEAD_DIM_V], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, HEAD_DIM_V], dtype=tl.float32)
             for start_n in range(0, seq_k, BLOCK_N):
                 offs_n = start_n + offs_n0
                 in_k = offs_n < seq_k
@@ -127,25 +143,23 @@ def _kernel():
                     l_i = l_i + tl.sum(p, 1)
                 else:
                     l_i = l_i * alpha + tl.sum(p, 1)
-                p_lo = p.to(V.dtype.element_ty)
+                p_lo = _lowp(p, V.dtype.element_ty, RNE)
                 if UPCAST:
                     pv = tl.dot(p_lo.to(tl.float32), v.to(tl.float32))
                 else:
                     pv = tl.dot(p_lo, v)
                 if BUG == 1:
                     acc = acc + pv
-                elif BUG == 5:
-                    acc = (acc.to(tl.float32) * alpha[:, None] + pv).to(Q.dtype.element_ty)
                 else:
                     acc = acc * alpha[:, None] + pv
                 m_i = m_new
-            out = acc.to(tl.float32) / l_i[:, None]
+            out = acc / l_i[:, None]
             if BUG == 6:
                 lse = m_i + tl.math.log2(l_i)  # base-2 units, never converted
             else:
                 lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
             o_ptrs = O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_ok
-            tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=offs_m[:, None] < seq_q)
+            tl.store(o_ptrs, _lowp(out, O.dtype.element_ty, RNE), mask=offs_m[:, None] < seq_q)
             tl.store(LSE + off_zh * seq_q + offs_m, lse, mask=offs_m < seq_q)
 
         _cache["fwd"] = (_zoo_fwd, triton)
@@ -175,6 +189,7 @@ def zoo_flash_forward(q, k, v, spec: Spec, *, bug: str = "none"):
             hq, hq // hkv, lq, lk, qk_scale,
             HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
             IS_CAUSAL=spec.causal != "none", UPCAST=_interpreting(),
+            RNE=_interpreting() and q.dtype == torch.bfloat16,
             BUG=_BUG_ID[bug],
         )
     return Output(out, lse=lse if spec.return_lse else None)

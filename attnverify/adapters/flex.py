@@ -1,0 +1,287 @@
+"""`flex`: torch.compile'd `torch.nn.attention.flex_attention.flex_attention`.
+
+Every SPEC feature is a block mask (`create_block_mask`) plus a score_mod, written once, generically:
+the feature switches and their parameters live in small tensors that the mods capture, so one
+compiled graph serves causal (both alignments), windows, softcap and ALiBi, with and without GQA
+(`enable_gqa=True` always). Four graph *variants* exist because their captured inputs differ:
+plain, varlen (document ids + a segment table), bool mask, float mask. Nothing is a Python number
+inside the mods, so changing a window or a slope never recompiles.
+
+Compilation is the cost on the CPU: a cold compile of inductor's C++ flex template takes 20-70 s on
+two cores, a warm one (inductor's FX-graph cache hit) 1-5 s. The adapter therefore
+
+- keeps one `torch.compile(flex_attention, fullgraph=True)` for the process; dynamo caches a graph
+  per (shapes, dtype, variant, scale), and changing a window, slope, cap or mask *value* reuses it;
+- points TORCHINDUCTOR_CACHE_DIR at ~/.cache/attnverify/inductor unless you chose a directory, so
+  compiled kernels survive the process (cache that directory in CI; seed the run, e.g.
+  `--attn-seed 0`, so the same shapes come back and hit it);
+- raises dynamo's recompile limits and turns on `fail_on_recompile_limit_hit`, so a long run can
+  never fall back silently to eager flex_attention (a different, unfused implementation);
+- compiles with static shapes on the CPU. Dynamic shapes (ATTNVERIFY_FLEX_DYNAMIC=1, or `auto` for
+  dynamo's automatic dynamic) trip an inductor bug in torch 2.13: cpp_flex_attention_template.py
+  turns the symbolic q/kv block sizes back into `cur_qSplitSize`/`cur_kvSplitSize` with a plain
+  `str.replace`, so replacing `ks1` also rewrites `ks15` into `cur_qSplitSize5` and g++ fails
+  (19 of 21 varied cases failed to compile with dynamic=True here; docs/compatibility.md has a
+  standalone reproduction). Static shapes never create those symbols.
+
+Claims on the CPU (torch 2.13.0+cpu, established by running the cases of
+tests/test_external_adapters.py against the float64 reference; figures in docs/compatibility.md):
+
+- forward only, no LSE: inductor refuses to lower flex_attention "with gradients" or `return_lse` on
+  the CPU ("torch.compile on CPU only supports inference and `return_lse` is not supported yet");
+- dtypes fp32, fp16, bf16; head dims 8..512 including odd ones (8, 16, 40, 59, 72, 128, 256, 512
+  compiled and matched); Dv != D; any Lq, Lk (partial blocks are the kernel's tails);
+- fully-masked rows (bottom-right causal with Lq > Lk, empty varlen segments, masked rows): the
+  output is 0 -> fully_masked="zeros";
+- bitwise repeatable (one compiled kernel, OpenMP over independent rows) -> deterministic=True.
+
+Measured, not a claim: a query row holding NaN comes back as 0 instead of NaN (the kernel's masking
+treats the NaN scores as masked), so `nonfinite_inputs_propagate` fails -- a finding about flex on
+the CPU, recorded in docs/compatibility.md.
+
+On CUDA (Triton templates; not yet run on the H200): forward and backward, LSE through
+`return_aux=AuxRequest(lse=True)` (or `return_lse=True` on older torch), fp16/bf16/fp32.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from ..spec import Output, Spec
+from ._external import segments, version_tuple
+from .base import adapter
+
+_CUDA = torch.cuda.is_available()
+_TORCH = version_tuple(torch.__version__)
+# Captured tensors are padded to powers of two (at least these), so their sizes are static even
+# when the inputs' are symbolic: see _compiled for the inductor bug this avoids.
+_NSEG_MIN = 16
+_L_MIN = 128
+_B_MIN = 8
+
+# measured on this machine's CPU build (see the module docstring and docs/compatibility.md)
+_CPU_HEAD_DIMS = lambda d: 8 <= d <= 512  # noqa: E731
+_CPU_FULLY_MASKED = "zeros"
+
+_STATE: dict = {}
+
+
+def _availability() -> Optional[str]:
+    if _TORCH < (2, 5):
+        return f"torch {torch.__version__} has no usable flex_attention (needs torch >= 2.5)"
+    try:
+        from torch.nn.attention import flex_attention as _  # noqa: F401
+    except Exception as e:  # pragma: no cover - depends on the torch build
+        return f"torch.nn.attention.flex_attention does not import: {type(e).__name__}: {e}"
+    if not _CUDA:
+        import shutil
+
+        if not (shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")):
+            return "torch.compile on the CPU needs a C++ compiler (g++/clang++), and none is on PATH"
+    return None
+
+
+def _cache_dir() -> str:
+    return os.path.join(os.path.expanduser("~"), ".cache", "attnverify", "inductor")
+
+
+def _use_cache_dir() -> None:
+    """TORCHINDUCTOR_CACHE_DIR -> ~/.cache/attnverify/inductor unless the user chose one (inductor
+    writes its own default, a per-boot temp dir, into the variable once it has used it)."""
+    cur = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cur is not None:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+            if os.path.abspath(cur) != os.path.abspath(default_cache_dir()):
+                return  # the user's choice
+        except Exception:
+            return
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache_dir()
+
+
+def _compiled():
+    """The process-wide compiled flex_attention (created on first use)."""
+    fn = _STATE.get("compiled")
+    if fn is not None:
+        return fn
+    _use_cache_dir()
+    import torch._dynamo as dynamo
+    from torch.nn.attention.flex_attention import flex_attention
+
+    cfg = dynamo.config
+    for name, value in (("recompile_limit", 1 << 20), ("cache_size_limit", 1 << 20),
+                        ("accumulated_recompile_limit", 1 << 20), ("accumulated_cache_size_limit", 1 << 20)):
+        if hasattr(cfg, name) and getattr(cfg, name) < value:
+            setattr(cfg, name, value)
+    if hasattr(cfg, "fail_on_recompile_limit_hit"):
+        cfg.fail_on_recompile_limit_hit = True  # never fall back to eager flex_attention silently
+    # static shapes by default: dynamic ones trip the inductor bug described in the module docstring
+    # on most graphs (measured: 19 of 21 varied cases failed to compile with dynamic=True)
+    dynamic = {"1": True, "auto": None}.get(os.environ.get("ATTNVERIFY_FLEX_DYNAMIC", "0"), False)
+    fn = torch.compile(flex_attention, dynamic=dynamic, fullgraph=True)
+    _STATE["compiled"] = fn
+    return fn
+
+
+def _pow2(n: int, least: int) -> int:
+    n = max(int(n), least, 1)
+    return 1 << (n - 1).bit_length()
+
+
+# ------------------------------------------------------------------------------------------- mods
+# Everything a mod reads is a tensor: ip = int32 [causal_mode, left, right, use_cap, Lq, Lk],
+# fp = float32 [cap], sl = float32 (B, Hq) ALiBi slopes (zeros when unused).
+# causal_mode: 0 none, 1 top-left, 2 bottom-right; left/right: -1 unbounded.
+
+
+def _visible(ip, qp, kp, off):
+    mode, left, right = ip[0], ip[1], ip[2]
+    v = (mode == 0) | ((mode == 1) & (kp <= qp)) | ((mode == 2) & (kp <= qp + off))
+    return v & ((left < 0) | (kp >= qp + off - left)) & ((right < 0) | (kp <= qp + off + right))
+
+
+def _score(s, ip, fp, sl, b, h, qp, kp, off):
+    s = torch.where(ip[3] > 0, fp[0] * torch.tanh(s / fp[0]), s)
+    return s - sl[b, h] * (qp + off - kp).abs()
+
+
+def _mods(variant: str, t: dict):
+    ip, fp, sl = t["ip"], t["fp"], t["sl"]
+    if variant == "varlen":
+        docq, dock, tab = t["docq"], t["dock"], t["tab"]
+
+        def geo(qi, ki):
+            dq, dk = docq[qi], dock[ki]
+            return qi - tab[0, dq], ki - tab[2, dk], tab[3, dq] - tab[1, dq], dq == dk
+
+        def mask_mod(b, h, qi, ki):
+            qp, kp, off, same = geo(qi, ki)
+            return same & _visible(ip, qp, kp, off)
+
+        def score_mod(s, b, h, qi, ki):
+            qp, kp, off, _ = geo(qi, ki)
+            return _score(s, ip, fp, sl, b, h, qp, kp, off)
+
+        return mask_mod, score_mod
+    if variant == "bool":
+        bm = t["bm"]
+
+        def mask_mod(b, h, qi, ki):
+            return _visible(ip, qi, ki, ip[5] - ip[4]) & bm[b, h, qi, ki]
+
+        def score_mod(s, b, h, qi, ki):
+            return _score(s, ip, fp, sl, b, h, qi, ki, ip[5] - ip[4])
+
+        return mask_mod, score_mod
+    if variant == "float":
+        fb = t["fb"]
+
+        def mask_mod(b, h, qi, ki):
+            return _visible(ip, qi, ki, ip[5] - ip[4])
+
+        def score_mod(s, b, h, qi, ki):
+            return _score(s, ip, fp, sl, b, h, qi, ki, ip[5] - ip[4]) + fb[b, h, qi, ki]
+
+        return mask_mod, score_mod
+
+    def mask_mod(b, h, qi, ki):
+        return _visible(ip, qi, ki, ip[5] - ip[4])
+
+    def score_mod(s, b, h, qi, ki):
+        return _score(s, ip, fp, sl, b, h, qi, ki, ip[5] - ip[4])
+
+    return mask_mod, score_mod
+
+
+def _tensors(spec: Spec, b: int, hq: int, lq: int, lk: int, device) -> tuple:
+    """(variant, captured tensors) for this call."""
+    mode = {"none": 0, "top_left": 1, "bottom_right": 2}[spec.causal]
+    left, right = spec.window if spec.window is not None else (-1, -1)
+    cap = float(spec.softcap) if spec.softcap is not None else 1.0
+    t = {
+        "ip": torch.tensor([mode, left, right, 1 if spec.softcap is not None else 0, lq, lk], dtype=torch.int32, device=device),
+        "fp": torch.tensor([cap], dtype=torch.float32, device=device),
+        "sl": torch.zeros(_pow2(b, _B_MIN), hq, dtype=torch.float32, device=device),
+    }
+    if spec.alibi_slopes is not None:
+        s = torch.as_tensor(spec.alibi_slopes, device=device).float()
+        t["sl"][:b] = (s.view(1, hq) if s.dim() == 1 else s.view(b, hq)).expand(b, hq)
+    if spec.is_varlen:
+        segs = segments(spec)
+        nseg = _pow2(len(segs), _NSEG_MIN)
+        docq = torch.zeros(_pow2(lq, _L_MIN), dtype=torch.int32)  # padded: static sizes (see _compiled)
+        dock = torch.zeros(_pow2(lk, _L_MIN), dtype=torch.int32)
+        tab = torch.zeros(4, nseg, dtype=torch.int32)  # rows: q start, q length, k start, k length
+        for i, (q0, q1, k0, k1) in enumerate(segs):  # the segments cover every query and key
+            docq[q0:q1] = i
+            dock[k0:k1] = i
+            tab[:, i] = torch.tensor([q0, q1 - q0, k0, k1 - k0], dtype=torch.int32)
+        t.update(docq=docq.to(device), dock=dock.to(device), tab=tab.to(device))
+        return "varlen", t
+    m = spec.attn_mask
+    if m is not None:
+        m4 = m.reshape((1,) * (4 - m.dim()) + tuple(m.shape)).to(device)
+        shape = (_pow2(b, 1), hq, _pow2(lq, _L_MIN), _pow2(lk, _L_MIN))  # padded: static sizes
+        if m.dtype == torch.bool:
+            t["bm"] = torch.zeros(shape, dtype=torch.bool, device=device)
+            t["bm"][:b, :, :lq, :lk] = m4.expand(b, hq, lq, lk)
+            return "bool", t
+        t["fb"] = torch.zeros(shape, dtype=torch.float32, device=device)
+        t["fb"][:b, :, :lq, :lk] = m4.to(torch.float32).expand(b, hq, lq, lk)
+        return "float", t
+    return "plain", t
+
+
+def _refuses(case) -> Optional[str]:
+    if case.q.device.type == "cpu" and any(t.requires_grad for t in (case.q, case.k, case.v)):
+        return "flex_attention compiled for the CPU is inference-only"
+    return None
+
+
+def _claims() -> dict:
+    if _CUDA:
+        return dict(dtypes=("float16", "bfloat16", "float32"), devices=("cuda",),
+                    head_dims=(16, 32, 64, 128, 256), backward=True, lse=True, fully_masked="zeros",
+                    deterministic=False, tiles=(128, 64), dv_ne_d=True)
+    return dict(dtypes=("float16", "bfloat16", "float32"), devices=("cpu",), head_dims=_CPU_HEAD_DIMS,
+                backward=False, lse=False, fully_masked=_CPU_FULLY_MASKED, deterministic=True,
+                tiles=(128, 128), dv_ne_d=True)
+
+
+@adapter(
+    "flex",
+    description="torch.compile(flex_attention) with generic block masks and score_mods",
+    availability=_availability,
+    refuses=_refuses,
+    max_seqlen=16384 if _CUDA else 4096,
+    causal=("none", "top_left", "bottom_right"),
+    window=True, softcap=True, alibi=True, attn_mask=True, gqa=True, varlen=True, dropout=False,
+    memory="linear",
+    **_claims(),
+)
+def flex(q, k, v, spec: Spec):
+    """torch.compile'd flex_attention."""
+    _use_cache_dir()
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, hq, lq, d = q.shape
+    lk = k.shape[2]
+    variant, t = _tensors(spec, b, hq, lq, lk, q.device)
+    mask_mod, score_mod = _mods(variant, t)
+    block_mask = create_block_mask(mask_mod, b, hq, lq, lk, device=q.device)
+    fn = _compiled()
+    kw = dict(score_mod=score_mod, block_mask=block_mask, scale=spec.resolved_scale(d), enable_gqa=True)
+    want_lse = bool(spec.return_lse) and q.is_cuda
+    if want_lse:
+        try:
+            from torch.nn.attention.flex_attention import AuxRequest
+
+            out, aux = fn(q, k, v, return_aux=AuxRequest(lse=True), **kw)
+            return Output(out, lse=aux.lse)
+        except ImportError:
+            out, lse = fn(q, k, v, return_lse=True, **kw)
+            return Output(out, lse=lse)
+    return fn(q, k, v, **kw)

@@ -1,0 +1,148 @@
+"""NVIDIA Transformer Engine: `transformer_engine.pytorch.DotProductAttention`.
+
+Importing this module imports no Transformer Engine and touches no GPU. TE picks its own backend
+(FlashAttention, cuDNN fused attention or its unfused PyTorch path, steered by NVTE_FLASH_ATTN /
+NVTE_FUSED_ATTN / NVTE_UNFUSED_ATTN); the adapter tests DotProductAttention as a user gets it.
+One module is built per (heads, kv groups, head dims, dropout, scale, format) and reused.
+
+Claims, from the DotProductAttention docstring (transformer_engine/pytorch/attention/
+dot_product_attention/dot_product_attention.py, TE 1.x - 2.x) -- not yet from a run:
+
+- qkv_format "bshd" (a view of the BHSD inputs; TE reads the strides) and "thd" for varlen with
+  cu_seqlens_q / cu_seqlens_kv and a "padding*" mask type.
+- attn_mask_type: "causal" ("align the diagonal line to the top left corner") for top-left,
+  "causal_bottom_right" for bottom-right, "arbitrary" for a boolean mask -- whose convention is the
+  opposite of SPEC's: "A True value means the corresponding position is masked out", so the adapter
+  passes ~mask. A float mask goes in as core_attention_bias ("post_scale_bias", added after scaling).
+- window_size (left, right): "[i + seqlen_k - seqlen_q - window_size[0], i + seqlen_k - seqlen_q +
+  window_size[1]] inclusive", -1 unbounded: SPEC's window. With "causal" (top-left) TE aligns the
+  window top-left instead (bottom_right_diagonal defaults to False there): refused.
+- ALiBi: core_attention_bias_type="alibi" with alibi_slopes [H] or [B, H]; the diagonal is aligned
+  bottom-right except for the top-left causal types, so top-left causal + ALiBi with Lq != Lk is refused.
+- GQA: num_gqa_groups = Hkv. Dropout: attention_dropout (module in training mode); no keep-mask is
+  returned, so it is checked statistically. No LSE output, no softcap.
+- dtypes fp16/bf16; head dims multiples of 8 up to 256 (the fused and flash backends' limits);
+  Dv == D (the kv_channels tuple exists, but not every backend takes it).
+- fully-masked rows: undocumented -> "unsupported". deterministic: no (fused backward may use atomics).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..spec import Spec
+from ._external import bshd, gpu_library_reason, last_dim_contiguous
+from .base import adapter
+
+_PROBE = r"""
+import torch
+import transformer_engine
+import transformer_engine.pytorch as te
+ver = getattr(transformer_engine, "__version__", "?")
+dpa = te.DotProductAttention(num_attention_heads=2, kv_channels=64, qkv_format="bshd", attn_mask_type="causal")
+q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
+out = dpa(q, q, q)
+torch.cuda.synchronize()
+if not torch.isfinite(out).all():
+    _done(False, "DotProductAttention returned non-finite values on a tiny probe input")
+_done(True, version=ver)
+"""
+
+_MODULES: dict = {}
+_INFO: dict = {}
+
+
+def _available() -> Optional[str]:
+    return gpu_library_reason("te", "transformer_engine",
+                              "pip install transformer_engine[pytorch] (built for your CUDA and torch)",
+                              _PROBE, info_sink=_INFO.setdefault("te", {}))
+
+
+def _refuses(case) -> Optional[str]:
+    s = case.spec
+    lq, lk = case.q.shape[2], case.k.shape[2]
+    if s.causal == "top_left" and s.window is not None:
+        return "Transformer Engine aligns the window top-left under the top-left 'causal' mask type"
+    if s.causal == "top_left" and s.alibi_slopes is not None and lq != lk:
+        return "Transformer Engine aligns ALiBi top-left under the top-left 'causal' mask type"
+    m = s.attn_mask
+    if m is not None:
+        if m.dtype == torch.bool and s.causal != "none":
+            return "Transformer Engine's 'arbitrary' mask type does not combine with causal"
+        if m.dtype == torch.bool and s.window is not None:
+            return "Transformer Engine's 'arbitrary' mask type does not combine with a window"
+        if s.alibi_slopes is not None:
+            return "Transformer Engine takes one core_attention_bias_type: ALiBi or a float mask, not both"
+    return None
+
+
+def _module(hq, hkv, d, dv, p, scale, fmt):
+    key = (hq, hkv, d, dv, float(p), float(scale), fmt)
+    mod = _MODULES.get(key)
+    if mod is None:
+        import transformer_engine.pytorch as te
+
+        mod = te.DotProductAttention(num_attention_heads=hq, kv_channels=d if d == dv else (d, dv),
+                                     num_gqa_groups=hkv, attention_dropout=float(p), qkv_format=fmt,
+                                     attn_mask_type="no_mask", softmax_scale=float(scale))
+        _MODULES[key] = mod
+    mod.train(p > 0)  # TE applies attention_dropout only in training mode
+    return mod
+
+
+def _mask_type(spec: Spec) -> str:
+    base = {"none": "", "top_left": "causal", "bottom_right": "causal_bottom_right"}[spec.causal]
+    if spec.is_varlen:
+        return "padding" + ("_" + base if base else "")
+    if spec.attn_mask is not None and spec.attn_mask.dtype == torch.bool:
+        return "arbitrary"
+    return base or "no_mask"
+
+
+@adapter(
+    "te",
+    description="Transformer Engine DotProductAttention (TE picks flash / cuDNN fused / unfused)",
+    availability=_available,
+    refuses=_refuses,
+    dtypes=("float16", "bfloat16"),
+    devices=("cuda",),
+    head_dims=lambda d: d % 8 == 0 and 8 <= d <= 256,
+    max_seqlen=16384,
+    causal=("none", "top_left", "bottom_right"),
+    window=True, softcap=False, alibi=True, attn_mask=True, gqa=True, varlen=True, dropout=True,
+    backward=True, lse=False, dv_ne_d=False, fully_masked="unsupported", deterministic=False,
+    memory="linear",
+)
+def te(q, k, v, spec: Spec):
+    """Transformer Engine DotProductAttention."""
+    b, hq, lq, d = q.shape
+    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
+    fmt = "thd" if spec.is_varlen else "bshd"
+    mod = _module(hq, hkv, d, dv, spec.dropout_p, spec.resolved_scale(d), fmt)
+    kw = dict(attn_mask_type=_mask_type(spec), qkv_format=fmt)
+    if spec.window is not None:
+        kw["window_size"] = tuple(int(x) for x in spec.window)
+    if spec.alibi_slopes is not None:
+        kw["core_attention_bias_type"] = "alibi"
+        kw["alibi_slopes"] = torch.as_tensor(spec.alibi_slopes, device=q.device).float().contiguous()
+    m = spec.attn_mask
+    if m is not None:
+        m4 = m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))
+        if m.dtype == torch.bool:
+            kw["attention_mask"] = ~m4  # TE: True = masked out
+        else:
+            kw["core_attention_bias_type"] = "post_scale_bias"
+            kw["core_attention_bias"] = m4.to(q.dtype).expand(m4.shape[0], m4.shape[1], lq, lk).contiguous()
+    if spec.dropout_p > 0:
+        torch.manual_seed(int(spec.seed or 0))
+    if spec.is_varlen:
+        cu_q = torch.as_tensor(spec.cu_seqlens_q, device=q.device).to(torch.int32).contiguous()
+        cu_k = torch.as_tensor(spec.cu_seqlens_k, device=q.device).to(torch.int32).contiguous()
+        tq, tk, tv = (last_dim_contiguous(t[0].transpose(0, 1)) for t in (q, k, v))  # (T, H, D)
+        out = mod(tq, tk, tv, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, max_seqlen_q=int(spec.max_seqlen_q or 0),
+                  max_seqlen_kv=int(spec.max_seqlen_k or 0), **kw)
+        return out.view(lq, hq, dv).transpose(0, 1).unsqueeze(0)
+    out = mod(bshd(q), bshd(k), bshd(v), **kw)  # (B, Sq, H * Dv)
+    return out.view(b, lq, hq, dv).transpose(1, 2)
