@@ -240,12 +240,15 @@ def test_flex_holds_in_half_precision_and_odd_head_dims():
 
 @pytest.mark.slow
 def test_flex_cpu_backward_is_refused_by_torch():
-    """How backward=False was established: inductor refuses to lower flex_attention with gradients."""
+    """How backward=False and lse=False were established on the CPU: torch refuses both."""
     from attnverify.adapters.flex import _compiled
 
     q = torch.randn(1, 1, 16, 16, requires_grad=True)
-    with pytest.raises(Exception, match="only supports inference"):
+    with pytest.raises(Exception, match="does not support backward on CPU"):
         _compiled()(q, q, q)
+    x = q.detach()
+    with pytest.raises(Exception, match="return_lse. is not supported"):
+        _compiled()(x, x, x, return_lse=True)
 
 
 @pytest.mark.slow
@@ -259,6 +262,20 @@ def test_flex_ci_profile(prop, tmp_path):
 needs_jax = pytest.mark.skipif(not HAS_JAX, reason="jax is not installed (pip install jax jaxlib)")
 
 
+# Property failures that are findings about the library, or about a property's reach, not about the
+# adapter (docs/compatibility.md, "Findings"). Non-strict: a short search may or may not reach them.
+KNOWN = {
+    ("flex", "nonfinite_inputs_propagate"):
+        "F2: compiled flex_attention on the CPU returns 0 for a query row holding NaN (swallows it)",
+    ("jax", "nonfinite_inputs_propagate"):
+        "F6: an Inf in q can make all of a row's scores -inf; the reference calls that row fully masked (0), "
+        "JAX's softmax gives NaN, and jax declares fully-masked rows unsupported",
+    ("jax", "row_shift_invariance"):
+        "F7: fp32, D=256, shift 100: one element ~7% past the bound taken from naive's own rounding of the "
+        "same shift (XLA sums the dot in another order); not a wrong answer",
+}
+
+
 def _run_profile(name, prop, tmp_path, max_examples=None):
     a = get(name)
     why = a.unavailable_reason()
@@ -267,7 +284,12 @@ def _run_profile(name, prop, tmp_path, max_examples=None):
     p = get_property(prop)
     if p.skip_reason(a):
         pytest.skip(p.skip_reason(a))
-    run_property(p, a, profile="ci", seed=0, max_examples=max_examples, database=None, report_dir=str(tmp_path))
+    try:
+        run_property(p, a, profile="ci", seed=0, max_examples=max_examples, database=None, report_dir=str(tmp_path))
+    except AssertionError:
+        if (name, prop) in KNOWN:
+            pytest.xfail(KNOWN[(name, prop)])
+        raise
 
 
 @needs_jax
@@ -280,6 +302,7 @@ def test_jax_holds_on_every_feature():
         dict(layout="sliced"), dict(layout="expanded_kv"), dict(layout="transposed"),
         dict(batch=1, len_q=33, len_k=40, seqlens_q=[5, 0, 28], seqlens_k=[7, 10, 23], causal="top_left", return_lse=True),
         dict(batch=1, len_q=33, len_k=33, seqlens_q=[5, 0, 28], seqlens_k=[5, 0, 28], window=(2, 1)),
+        dict(batch=1, heads_q=1, heads_kv=1, len_q=1, len_k=1, dtype="bfloat16"),  # eager path (F5)
     )]
     _check_all(get("jax"), recipes)
 
@@ -287,7 +310,12 @@ def test_jax_holds_on_every_feature():
 @needs_jax
 def test_jax_refuses_what_its_api_does_not_express():
     a = get("jax")
-    assert a.claims.causal == ("none", "top_left") and "float16" not in a.claims.dtypes or not CPU_ONLY
+    assert a.claims.causal == ("none", "top_left")  # is_causal is tril((T, S)): top-left
+    if CPU_ONLY:
+        assert a.claims.dtypes == ("bfloat16", "float32")  # fp16 does not compile under jit on XLA:CPU (F4)
+        with pytest.raises(TypeError, match="float64"):  # JAX without x64 would compute it in float32
+            x = torch.randn(1, 1, 4, 8, dtype=torch.float64)
+            a(x, x, x, build_case(CaseRecipe()).spec)
     win = build_case(CaseRecipe(len_q=10, len_k=20, window=(2, 2)))
     assert "top-left aligned" in unclaimed(a, win)
     lse16 = build_case(CaseRecipe(dtype="bfloat16", return_lse=True))
@@ -295,6 +323,210 @@ def test_jax_refuses_what_its_api_does_not_express():
 
 
 @needs_jax
+def test_jax_forward_property_quick(tmp_path):
+    _run_profile("jax", "forward_matches_reference", tmp_path, max_examples=12)
+
+
+@needs_jax
+@pytest.mark.slow
 @pytest.mark.parametrize("prop", [p.name for p in PROPERTIES])
 def test_jax_ci_profile(prop, tmp_path):
     _run_profile("jax", prop, tmp_path)
+
+
+# ----------------------------------------------------------------- glue of the GPU adapters (CPU)
+# flash-attn and FlashInfer cannot run here. These tests put plain-torch stand-ins with the
+# libraries' documented signatures, layouts and conventions (BSHD / NHD, FA's +inf LSE of empty
+# rows, FlashInfer's base-2 LSE, cache_seqlens, paged caches) in sys.modules and run the adapters'
+# own code against the reference on the CPU: what they test is the glue (argument mapping, layouts,
+# dispatch, LSE conversion), not the kernels -- the stand-ins compute with attnverify's naive.
+
+import dataclasses as _dc
+import math as _math
+import types as _types
+
+from attnverify.adapters.base import Adapter as _Adapter
+from attnverify.spec import Spec as _Spec
+
+
+def _naive(q_bhsd, k_bhsd, v_bhsd, *, scale, causal, window=(-1, -1), softcap=0.0, alibi=None, mask=None):
+    from attnverify.adapters.naive import naive_attention
+
+    w = None if tuple(window) == (-1, -1) else tuple(int(x) for x in window)
+    spec = _Spec(scale=scale, causal="bottom_right" if causal else "none", window=w, softcap=softcap or None,
+                 alibi_slopes=alibi, attn_mask=mask, return_lse=True)
+    o = naive_attention(q_bhsd, k_bhsd, v_bhsd, spec)
+    return o.out, o.lse
+
+
+def _fake_flash_attn():
+    m = _types.ModuleType("flash_attn")
+    m.__version__ = "2.8.0+standin"
+
+    def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                        alibi_slopes=None, deterministic=False, return_attn_probs=False):
+        assert dropout_p == 0.0 and q.dim() == 4 and q.shape[0] == k.shape[0]
+        out, lse = _naive(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=softmax_scale, causal=causal,
+                          window=window_size, softcap=softcap, alibi=alibi_slopes)
+        lse = torch.where(torch.isneginf(lse), torch.full_like(lse, _math.inf), lse)  # FA stores +inf
+        out = out.transpose(1, 2)
+        return (out, lse, torch.empty(0)) if return_attn_probs else out
+
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                               softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                               deterministic=False, return_attn_probs=False, block_table=None):
+        assert cu_seqlens_q.dtype == torch.int32 and q.dim() == 3
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        assert max_seqlen_q == max(b - a for a, b in zip(cq, cq[1:]))
+        out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
+        lse = torch.full((q.shape[1], q.shape[0]), _math.inf)
+        for q0, q1, k0, k1 in zip(cq, cq[1:], ck, ck[1:]):
+            if q1 > q0:
+                o, l_ = _naive(q[q0:q1].transpose(0, 1)[None], k[k0:k1].transpose(0, 1)[None], v[k0:k1].transpose(0, 1)[None],
+                               scale=softmax_scale, causal=causal, window=window_size, softcap=softcap, alibi=alibi_slopes)
+                out[q0:q1] = o[0].transpose(0, 1)
+                lse[:, q0:q1] = torch.where(torch.isneginf(l_[0]), torch.full_like(l_[0], _math.inf), l_[0])
+        return (out, lse, torch.empty(0)) if return_attn_probs else out
+
+    def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                                cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
+                                causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                                alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+        assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+        outs, lses = [], []
+        for b, n in enumerate(cache_seqlens.tolist()):  # only the first cache_seqlens[b] rows are the sequence
+            al = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[b]
+            o, l_ = _naive(q[b:b + 1].transpose(1, 2), k_cache[b:b + 1, :n].transpose(1, 2),
+                           v_cache[b:b + 1, :n].transpose(1, 2), scale=softmax_scale, causal=causal,
+                           window=window_size, softcap=softcap, alibi=al)
+            outs.append(o.transpose(1, 2))
+            lses.append(torch.where(torch.isneginf(l_), torch.full_like(l_, _math.inf), l_))
+        out, lse = torch.cat(outs), torch.cat(lses)
+        return (out, lse) if return_softmax_lse else out
+
+    m.flash_attn_func, m.flash_attn_varlen_func, m.flash_attn_with_kvcache = (
+        flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache)
+    return m
+
+
+def _fake_flashinfer():
+    m = _types.ModuleType("flashinfer")
+    m.__version__ = "0.6.0+standin"
+    ln2 = _math.log(2.0)
+
+    def _one(q, k, v, causal, sm_scale, window_left, logits_soft_cap, mask=None):  # NHD -> (out NHD, lse base 2 (L, H))
+        o, l_ = _naive(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], scale=sm_scale,
+                       causal=causal, window=(window_left, -1), softcap=logits_soft_cap,
+                       mask=None if mask is None else mask.view(1, 1, *mask.shape))
+        return o[0].transpose(0, 1), (l_[0] / ln2).transpose(0, 1)
+
+    def single_prefill_with_kv_cache(q, k, v, custom_mask=None, causal=False, kv_layout="NHD", sm_scale=None,
+                                     window_left=-1, logits_soft_cap=None, return_lse=False, **kw):
+        assert kv_layout == "NHD" and q.dim() == 3
+        o, l_ = _one(q, k, v, causal, sm_scale, window_left, logits_soft_cap, custom_mask)
+        return (o, l_) if return_lse else o
+
+    def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", sm_scale=None, window_left=-1, logits_soft_cap=None,
+                                    return_lse=False, **kw):
+        assert q.dim() == 2  # (num_qo_heads, head_dim)
+        o, l_ = _one(q[None], k, v, False, sm_scale, window_left, logits_soft_cap)
+        return (o[0], l_[0]) if return_lse else o[0]
+
+    class BatchPrefillWithRaggedKVCacheWrapper:
+        def __init__(self, workspace, kv_layout="NHD"):
+            assert workspace.dtype == torch.uint8 and kv_layout == "NHD"
+
+        def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, custom_mask=None, causal=False,
+                 sm_scale=None, window_left=-1, logits_soft_cap=None, q_data_type=None, kv_data_type=None, **kw):
+            self.p = dict(qo=qo_indptr.tolist(), kv=kv_indptr.tolist(), mask=custom_mask, causal=causal,
+                          sm_scale=sm_scale, window_left=window_left, cap=logits_soft_cap)
+
+        def run(self, q, k, v, return_lse=False):
+            p = self.p
+            out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
+            lse = torch.full((q.shape[0], q.shape[1]), -_math.inf)
+            off = 0
+            for q0, q1, k0, k1 in zip(p["qo"], p["qo"][1:], p["kv"], p["kv"][1:]):
+                mask = None
+                if p["mask"] is not None:  # flattened per request, (q_len x k_len) each
+                    n = (q1 - q0) * (k1 - k0)
+                    mask = p["mask"][off:off + n].view(q1 - q0, k1 - k0)
+                    off += n
+                if q1 > q0:
+                    out[q0:q1], lse[q0:q1] = _one(q[q0:q1], k[k0:k1], v[k0:k1], p["causal"], p["sm_scale"],
+                                                  p["window_left"], p["cap"], mask)
+            return (out, lse) if return_lse else out
+
+    class BatchDecodeWithPagedKVCacheWrapper:
+        def __init__(self, workspace, kv_layout="NHD"):
+            assert kv_layout == "NHD"
+
+        def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale=None,
+                 window_left=-1, logits_soft_cap=None, q_data_type=None, kv_data_type=None, **kw):
+            self.p = (indptr.tolist(), indices.tolist(), last_page_len.tolist(), page_size, sm_scale, window_left,
+                      logits_soft_cap)
+
+        def run(self, q, paged_kv_cache, return_lse=False):
+            indptr, indices, last, ps, sm, wl, cap = self.p
+            kc, vc = paged_kv_cache
+            outs, lses = [], []
+            for b in range(q.shape[0]):
+                pages = indices[indptr[b]:indptr[b + 1]]
+                n = (len(pages) - 1) * ps + last[b]
+                kb = torch.cat([kc[i] for i in pages])[:n]
+                vb = torch.cat([vc[i] for i in pages])[:n]
+                o, l_ = _one(q[b:b + 1], kb, vb, False, sm, wl, cap)
+                outs.append(o[0])
+                lses.append(l_[0])
+            out, lse = torch.stack(outs), torch.stack(lses)
+            return (out, lse) if return_lse else out
+
+    m.single_prefill_with_kv_cache = single_prefill_with_kv_cache
+    m.single_decode_with_kv_cache = single_decode_with_kv_cache
+    m.BatchPrefillWithRaggedKVCacheWrapper = BatchPrefillWithRaggedKVCacheWrapper
+    m.BatchDecodeWithPagedKVCacheWrapper = BatchDecodeWithPagedKVCacheWrapper
+    return m
+
+
+def _on_cpu(a):
+    """The adapter's own function and claims, widened to the CPU and float32 for the stand-ins."""
+    dts = tuple(dict.fromkeys(a.claims.dtypes + ("float32",)))
+    return _Adapter(name=a.name + "-glue", fn=a.fn, refuses=a.refuses,
+                    claims=_dc.replace(a.claims, devices=("cpu",), dtypes=dts, dropout=False))
+
+
+GLUE_BASE = dict(batch=2, heads_q=4, heads_kv=2, len_q=37, len_k=53, head_dim=64, dtype="float32", seed=11, return_lse=True)
+
+
+def test_flash_attn_glue(monkeypatch):
+    from attnverify.adapters import flash_attn as fa
+
+    monkeypatch.setitem(sys.modules, "flash_attn", _fake_flash_attn())
+    recipes = [dict(GLUE_BASE, **kw) for kw in (
+        {}, dict(causal="bottom_right"), dict(causal="bottom_right", len_q=60, len_k=20),  # 40 empty rows: LSE +inf -> -inf
+        dict(window=(3, 5)), dict(window=(8, -1), causal="bottom_right"), dict(softcap=5.0), dict(alibi=True),
+        dict(scale=0.5), dict(layout="transposed"), dict(layout="sliced"), dict(dtype="bfloat16"),
+        dict(batch=1, len_q=40, len_k=45, seqlens_q=[10, 0, 30], seqlens_k=[15, 10, 20], causal="bottom_right"),
+        dict(batch=1, len_q=40, len_k=35, seqlens_q=[10, 5, 25], seqlens_k=[15, 0, 20], alibi=True, window=(4, 2)),
+    )]
+    _check_all(_on_cpu(fa.flash_attn), recipes)
+    kv = [r for r in recipes if "seqlens_q" not in r]
+    _check_all(_on_cpu(fa.flash_attn_kvcache), kv + [dict(GLUE_BASE, len_q=1, len_k=300, causal="bottom_right")])
+
+
+def test_flashinfer_glue_every_entry_point(monkeypatch):
+    from attnverify.adapters import flashinfer_adapter as fi
+
+    monkeypatch.setitem(sys.modules, "flashinfer", _fake_flashinfer())
+    base = dict(GLUE_BASE, head_dim=64)
+    recipes = [dict(base, **kw) for kw in (
+        dict(batch=1), dict(batch=1, causal="bottom_right", window=(5, 2)), dict(batch=1, softcap=3.0),  # single prefill
+        dict(batch=1, mask="bool_random", mask_shape=(1, 1, 37, 53)),
+        dict(batch=1, len_q=1), dict(batch=1, len_q=1, window=(7, -1)),                                 # single decode
+        dict(batch=3, len_q=1, len_k=50), dict(batch=2, len_q=1, len_k=16, softcap=2.0),                # batch decode (pages)
+        dict(), dict(causal="bottom_right"), dict(mask="bool_random", mask_shape=(2, 1, 37, 53)),       # batch prefill
+        dict(batch=1, len_q=40, len_k=45, seqlens_q=[10, 0, 30], seqlens_k=[15, 10, 20], causal="bottom_right"),
+    )]
+    _check_all(_on_cpu(fi.flashinfer), recipes)
+    refused = build_case(CaseRecipe(**dict(base, batch=1, mask="float_random")))
+    assert "boolean" in fi.flashinfer.refuses(refused)

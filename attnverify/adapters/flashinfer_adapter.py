@@ -38,7 +38,7 @@ from typing import Optional
 import torch
 
 from ..spec import Output, Spec
-from ._external import gpu_library_reason, segments
+from ._external import gpu_library_reason
 from .base import adapter
 
 _PROBE = r"""

@@ -27,8 +27,9 @@ two cores, a warm one (inductor's FX-graph cache hit) 1-5 s. The adapter therefo
 Claims on the CPU (torch 2.13.0+cpu, established by running the cases of
 tests/test_external_adapters.py against the float64 reference; figures in docs/compatibility.md):
 
-- forward only, no LSE: inductor refuses to lower flex_attention "with gradients" or `return_lse` on
-  the CPU ("torch.compile on CPU only supports inference and `return_lse` is not supported yet");
+- forward only, no LSE: with inputs that require grad flex_attention raises "FlexAttention does not
+  support backward on CPU", and inductor refuses `return_lse` on the CPU ("torch.compile on CPU only
+  supports inference and `return_lse` is not supported yet");
 - dtypes fp32, fp16, bf16; head dims 8..512 including odd ones (8, 16, 40, 59, 72, 128, 256, 512
   compiled and matched); Dv != D; any Lq, Lk (partial blocks are the kernel's tails);
 - fully-masked rows (bottom-right causal with Lq > Lk, empty varlen segments, masked rows): the
@@ -235,12 +236,6 @@ def _tensors(spec: Spec, b: int, hq: int, lq: int, lk: int, device) -> tuple:
     return "plain", t
 
 
-def _refuses(case) -> Optional[str]:
-    if case.q.device.type == "cpu" and any(t.requires_grad for t in (case.q, case.k, case.v)):
-        return "flex_attention compiled for the CPU is inference-only"
-    return None
-
-
 def _claims() -> dict:
     if _CUDA:
         return dict(dtypes=("float16", "bfloat16", "float32"), devices=("cuda",),
@@ -255,11 +250,12 @@ def _claims() -> dict:
     "flex",
     description="torch.compile(flex_attention) with generic block masks and score_mods",
     availability=_availability,
-    refuses=_refuses,
     max_seqlen=16384 if _CUDA else 4096,
     causal=("none", "top_left", "bottom_right"),
     window=True, softcap=True, alibi=True, attn_mask=True, gqa=True, varlen=True, dropout=False,
-    memory="linear",
+    # the kernel is block-sparse, but create_block_mask evaluates the mask_mod on the whole (Lq, Lk)
+    # grid (B x H x Lq x Lk booleans) on every call: the call as a whole is quadratic in memory
+    memory="quadratic",
     **_claims(),
 )
 def flex(q, k, v, spec: Spec):

@@ -27,9 +27,16 @@ Claims for the XLA implementation, from the docstring and the source of jax/_src
   masks when the document's lengths are equal).
 - LSE: return_residual=True gives the logsumexp of the masked logits, but cast to the key dtype
   (`.astype(key.dtype)`): claimed, and refused for fp16/bf16 inputs, where it is rounded.
-- softmax in float32, logits with fp32 accumulation ("BF16_BF16_F32"); dtypes fp16, bf16, fp32
-  (fp64 would need jax_enable_x64, a process-wide switch: not claimed). Dv == D ("value: should
-  have the same shape as the key array").
+- softmax in float32, logits with fp32 accumulation ("BF16_BF16_F32"); dtypes bf16 and fp32 on the
+  CPU. fp16 is not claimed there: under jax.jit the logits einsum asks for precision F16_F16_F32,
+  which XLA:CPU's dot_general rejects at compile time (jax's try/except fallback to the default
+  precision only works eagerly) -- a JAX finding, docs/compatibility.md. fp64 would need
+  jax_enable_x64, a process-wide switch: not claimed; unclaimed dtypes raise TypeError here (JAX
+  without x64 would silently compute float64 in float32). Dv == D ("value: should have the same
+  shape as the key array").
+- bf16 with B = H = Lq = Lk = 1 does not compile under jax.jit on XLA:CPU ("Algorithm not supported
+  by the ElementalIrEmitter: ALG_DOT_BF16_BF16_F32"); for that one shape the adapter calls the
+  function eagerly, where JAX's own fallback works (finding recorded in docs/compatibility.md).
 - forward only (no gradients are wired back to torch); deterministic on the CPU (measured).
 
 cuDNN (GPU) claims are narrower and unmeasured: fp16/bf16, head dims multiples of 8 up to 128, no
@@ -45,8 +52,8 @@ from typing import Optional
 import torch
 
 from ..spec import Output, Spec
-from ._external import dist_version, probe, segments, version_tuple
-from .base import Claims, adapter
+from ._external import probe, segments
+from .base import adapter
 
 _CUDA_PLUGIN = any(importlib.util.find_spec(m) is not None for m in ("jax_cuda12_plugin", "jax_cuda13_plugin")) \
     if importlib.util.find_spec("jax") is not None else False
@@ -55,7 +62,12 @@ _ON_GPU = torch.cuda.is_available() and _CUDA_PLUGIN
 _AVAIL: dict = {}
 
 _PROBE = r"""
+import inspect
 import jax, jax.numpy as jnp
+params = inspect.signature(jax.nn.dot_product_attention).parameters
+for name in ("local_window_size", "query_seq_lengths", "implementation"):
+    if name not in params:
+        _done(False, f"jax {jax.__version__}: jax.nn.dot_product_attention has no {name} (upgrade jax)")
 platform = "%s"
 devs = jax.devices(platform)
 if not devs:
@@ -74,14 +86,10 @@ def _available() -> Optional[str]:
     if importlib.util.find_spec("jax") is None:
         why = "jax is not installed (pip install 'attnverify[jax]', or pip install jax jaxlib for the CPU)"
     else:
-        v = dist_version("jax")
-        if v and version_tuple(v) < (0, 4, 31):
-            why = f"jax {v} has no jax.nn.dot_product_attention with local_window_size (needs >= 0.4.31)"
-        else:
-            # in a child process: importing JAX and starting its backend here would make the forked
-            # judges of attnverify.isolation inherit JAX's threads (and, on a GPU, its CUDA context)
-            ok, msg, _ = probe("jax", _PROBE % ("gpu" if _ON_GPU else "cpu"))
-            why = None if ok else msg
+        # in a child process: importing JAX and starting its backend here would make the forked
+        # judges of attnverify.isolation inherit JAX's threads (and, on a GPU, its CUDA context)
+        ok, msg, _ = probe("jax", _PROBE % ("gpu" if _ON_GPU else "cpu"))
+        why = None if ok else msg
     _AVAIL["why"] = why
     return why
 

@@ -27,7 +27,6 @@ dot_product_attention/dot_product_attention.py, TE 1.x - 2.x) -- not yet from a 
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
