@@ -24,10 +24,52 @@ def naive_attention(q, k, v, spec: Spec, *, return_keep: bool = True):
     kk = k.repeat_interleave(g, dim=1) if g > 1 else k
     vv = v.repeat_interleave(g, dim=1) if g > 1 else v
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    s = torch.matmul(q.to(acc), kk.to(acc).transpose(-1, -2)) * spec.resolved_scale(d)
+    bias, vis = score_bias_and_visibility(spec, b, hq, lq, lk, q.device, dtype=acc)
+    keep = keep_mask(spec, (b, hq, lq, lk), q.device)
+    if not spec.is_varlen:
+        out, lse = _attend(q, kk, vv, spec, acc, bias, vis, keep)
+    else:
+        # each segment on its own: a packed matmul would multiply other segments' NaN/Inf keys and
+        # values by zero probabilities (0 x NaN = NaN) in the forward and in every gradient
+        cq = torch.as_tensor(spec.cu_seqlens_q).tolist()
+        ck = torch.as_tensor(spec.cu_seqlens_k).tolist()
+        outs, lses, pos = [], [], 0
+        for q0, q1, k0, k1 in zip(cq, cq[1:], ck, ck[1:]):
+            if q0 > pos:  # query rows between segments see nothing
+                outs.append(q.new_zeros(b, hq, q0 - pos, vv.shape[-1]))
+                lses.append(torch.full((b, hq, q0 - pos), NEG_INF, dtype=acc, device=q.device))
+            sub = [_rows_cols(t, q0, q1, k0, k1) for t in (bias, vis, keep)]
+            o, l = _attend(q[:, :, q0:q1], kk[:, :, k0:k1], vv[:, :, k0:k1], spec, acc, *sub)
+            outs.append(o)
+            lses.append(l)
+            pos = q1
+        if pos < lq:
+            outs.append(q.new_zeros(b, hq, lq - pos, vv.shape[-1]))
+            lses.append(torch.full((b, hq, lq - pos), NEG_INF, dtype=acc, device=q.device))
+        out, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+    return Output(out, lse=lse if spec.return_lse else None, dropout_mask=keep if return_keep else None)
+
+
+def _rows_cols(t, q0, q1, k0, k1):
+    """t[..., q0:q1, k0:k1], leaving broadcast (size-1) dimensions whole."""
+    if t is None:
+        return None
+    rows = slice(None) if t.shape[-2] == 1 else slice(q0, q1)
+    cols = slice(None) if t.shape[-1] == 1 else slice(k0, k1)
+    return t[..., rows, cols]
+
+
+def _attend(q, kk, vv, spec: Spec, acc, bias, vis, keep):
+    """Dense attention of q against kk/vv (already repeated for GQA): returns (out in q.dtype, lse in acc)."""
+    lk = kk.shape[2]
+    if lk == 0:  # nothing to attend to: a fully-masked block
+        # an empty sum keeps q and v in the graph (zero gradients) without touching their values
+        link = q[..., :0].sum() + vv[..., :0].sum()
+        return (q.new_zeros(*q.shape[:-1], vv.shape[-1]) + link.to(q.dtype),
+                torch.full(q.shape[:-1], NEG_INF, dtype=acc, device=q.device))
+    s = torch.matmul(q.to(acc), kk.to(acc).transpose(-1, -2)) * spec.resolved_scale(q.shape[-1])
     if spec.softcap is not None:
         s = spec.softcap * torch.tanh(s / spec.softcap)
-    bias, vis = score_bias_and_visibility(spec, b, hq, lq, lk, q.device, dtype=acc)
     if bias is not None:
         s = s + bias
     if vis is not None:
@@ -39,14 +81,12 @@ def naive_attention(q, k, v, spec: Spec, *, return_keep: bool = True):
     lse = lse.masked_fill(dead.squeeze(-1), NEG_INF)
     lse_safe = lse.masked_fill(dead.squeeze(-1), 0.0)
     p = torch.exp(s - lse_safe.unsqueeze(-1))
-    keep = keep_mask(spec, (b, hq, lq, lk), q.device)
     if keep is not None:
         p = p * keep / (1.0 - spec.dropout_p)
     # P is rounded to the input dtype (as a kernel feeds it to the P@V matmul) but its gradient stays
     # in float32: autograd through .to(fp16) would round dP to fp16 and overflow at large |V|
     p_rounded = p + (p.to(q.dtype).to(acc) - p).detach()
-    out = torch.matmul(p_rounded, vv.to(acc)).to(q.dtype)
-    return Output(out, lse=lse if spec.return_lse else None, dropout_mask=keep if return_keep else None)
+    return torch.matmul(p_rounded, vv.to(acc)).to(q.dtype), lse
 
 
 @adapter(
