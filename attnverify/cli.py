@@ -100,10 +100,9 @@ def cmd_run(ns, extra: List[str]) -> int:
 
     args = pytest_args_for_run(ns, extra)
     print("attnverify run: pytest " + " ".join(args), flush=True)
+    if ns.no_html:  # the plugin renders reports/index.html at the end of the session unless told not to
+        os.environ["ATTNVERIFY_NO_HTML"] = "1"
     code = int(pytest.main(args))
-    report_dir = ns.report or os.environ.get("ATTNVERIFY_REPORT") or "reports"
-    if code in (0, 1) and not ns.no_html:
-        _render(report_dir, quiet=True)
     return {0: EXIT_OK, 1: EXIT_FAILED, 4: EXIT_USAGE, 5: EXIT_USAGE}.get(code, EXIT_INTERNAL)
 
 
@@ -130,16 +129,25 @@ def cmd_adapters(ns) -> int:
 
 
 def _import_conftest(path: Optional[str]) -> None:
-    """Import a conftest.py (default: ./conftest.py) so adapters it registers are known."""
+    """Import a conftest.py (default: ./conftest.py) so the adapters it registers are known.
+
+    Its folder goes on sys.path first (as pytest does); an import error is reported, not swallowed,
+    since the adapters it would have registered are then missing."""
+    explicit = path is not None
     path = path or ("conftest.py" if os.path.exists("conftest.py") else None)
     if not path:
         return
-    from .adapters.registry import _load_target
+    if not os.path.exists(path):
+        raise CliUsageError(f"--conftest {path!r}: no such file; give the path of the conftest.py that registers your adapters")
+    from .adapters.registry import import_file
 
     try:
-        _load_target(f"{path}:__name__")
-    except Exception:
-        pass  # "__name__" is no adapter: the import (and its @av.adapter registrations) is what counts
+        import_file(path)
+    except Exception as e:
+        if explicit:
+            raise CliUsageError(f"--conftest {path!r} failed to import: {type(e).__name__}: {e}") from e
+        print(f"attnverify: warning: ./conftest.py failed to import ({type(e).__name__}: {e}); "
+              "adapters it registers are unavailable", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------------------- repro
@@ -264,21 +272,14 @@ def _f(x) -> str:
 # ------------------------------------------------------------------------------------------ report
 
 
-def _render(report_dir: str, quiet: bool = False) -> Optional[int]:
-    try:
-        from . import reports
-    except ImportError:
-        reports = None
-    render = getattr(reports, "render", None)
-    if render is None:
-        if not quiet:
-            print("attnverify report: HTML rendering is not part of this build yet (attnverify.reports.render is "
-                  f"missing); the results are in {os.path.join(report_dir, 'results.jsonl')}")
-        return None
+def _render(report_dir: str) -> int:
+    from .reports import render
+
     try:
         out = render(report_dir)
-    except Exception as e:  # noqa: BLE001
-        print(f"attnverify report: rendering failed: {type(e).__name__}: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 -- the journal is safe on disk; say why the HTML is missing
+        print(f"attnverify report: rendering failed: {type(e).__name__}: {e}; the results are in "
+              f"{os.path.join(report_dir, 'results.jsonl')}", file=sys.stderr)
         return EXIT_INTERNAL
     print(f"report: {out or os.path.join(report_dir, 'index.html')}")
     return EXIT_OK
@@ -286,9 +287,10 @@ def _render(report_dir: str, quiet: bool = False) -> Optional[int]:
 
 def cmd_report(ns) -> int:
     if not os.path.isdir(ns.dir):
-        raise CliUsageError(f"{ns.dir}: no such folder")
-    code = _render(ns.dir)
-    return EXIT_USAGE if code is None else code
+        raise CliUsageError(f"report DIR: {ns.dir!r} is no folder; give the report folder of a run (default: reports)")
+    # diagnosis replays failures, so conftest-registered adapters must be resolvable here too
+    _import_conftest(ns.conftest)
+    return _render(ns.dir)
 
 
 # -------------------------------------------------------------------------------------------- main
@@ -324,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--conftest", help="import this file first (default ./conftest.py) for its adapters")
     rp = sub.add_parser("report", help="render the HTML report from a report folder's journal")
     rp.add_argument("dir", nargs="?", default="reports")
+    rp.add_argument("--conftest", help="import this file first (default ./conftest.py) for its adapters")
     # their own parsers live with their code (attnverify/zoo/selftest.py, attnverify/bench.py)
     sub.add_parser("selftest", add_help=False, help="run the suite against the zoo of wrong implementations")
     sub.add_parser("bench", add_help=False, help="speed and peak memory of adapters side by side")

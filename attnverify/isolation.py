@@ -260,3 +260,67 @@ def make_runner(isolate: str = "auto", timeout: Optional[float] = DEFAULT_TIMEOU
     if isolate == "none" or (isolate == "auto" and not fork_available()):
         return InProcessRunner()
     return SubprocessRunner(timeout=timeout)
+
+
+def _call_child(conn, fn, args, kwargs) -> None:  # in the forked child
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("ATTNVERIFY_CHILD_THREADS", "1")))
+    except Exception:
+        pass
+    try:
+        msg = ("ok", fn(*args, **kwargs))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        msg = ("raised", f"{type(e).__name__}: {e}")
+    try:
+        conn.send(msg)
+    except Exception as e:  # an unpicklable value
+        conn.send(("raised", f"the result could not be sent back ({type(e).__name__}: {e})"))
+
+
+def call_isolated(fn, *args, timeout: Optional[float] = DEFAULT_TIMEOUT, **kwargs):
+    """Run fn(*args, **kwargs) in a forked child: -> (True, value) or (False, why).
+
+    For work after the run that calls adapters again (the report's re-runs and convention probes):
+    a hanging or crashing adapter then costs that one piece of the report, never the report. Runs
+    in this process where fork is unavailable or CUDA is already initialised here (forking a CUDA
+    context is unsafe); ATTNVERIFY_ISOLATE=none does the same."""
+    cuda_on = False
+    try:
+        import sys
+
+        t = sys.modules.get("torch")
+        cuda_on = bool(t is not None and t.cuda.is_initialized())
+    except Exception:
+        pass
+    if not fork_available() or cuda_on or os.environ.get("ATTNVERIFY_ISOLATE") == "none":
+        try:
+            return True, fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            return False, f"{type(e).__name__}: {e}"
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_call_child, args=(child, fn, args, kwargs), daemon=True, name="attnverify-report")
+    proc.start()
+    child.close()
+    t0 = time.perf_counter()
+    try:
+        if parent.poll(None if timeout is None or timeout <= 0 else float(timeout)):
+            try:
+                kind, value = parent.recv()
+            except (EOFError, OSError):
+                proc.join(5)
+                code = proc.exitcode
+                return False, ("the process died by " + signal_name(-code) if code is not None and code < 0
+                               else f"the process exited with status {code}")
+            return (kind == "ok"), value
+        return False, f"no answer within {time.perf_counter() - t0:.0f} s (timeout); the process was killed"
+    finally:
+        parent.close()
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)

@@ -667,3 +667,34 @@ def pytest_sessionfinish(session, exitstatus):
             s.journal.write({"event": "run_end", "exit_status": int(exitstatus), "seconds": time.time() - s.t0,
                              "counts": counts})
         s.journal.close()
+    if not s.is_worker and s.outcomes and os.environ.get("ATTNVERIFY_NO_HTML") != "1":
+        # the HTML report, rendered from the journal just closed (reports read only journaled records)
+        try:
+            from .reports import render
+
+            path = render(s.report, timeout=s.timeout or None, isolate=s.isolate != "none")
+            tr = session.config.pluginmanager.get_plugin("terminalreporter")
+            if tr is not None and path:
+                tr.write_line(f"attnverify report: {_rel(str(path))}")
+        except Exception as e:  # noqa: BLE001 - a rendering problem never hides the test results
+            print(f"attnverify: could not render the HTML report: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """With pytest-html active, attach the diagnosis and heatmaps of a failing property as extras."""
+    outcome = yield
+    if not isinstance(item, PropertyItem) or call.when != "call":
+        return
+    report = outcome.get_result()
+    info = next((v for k, v in reversed(item.user_properties) if k == "attnverify"), None)
+    if report.failed and info is not None:
+        item.attnverify_result = {"adapter": info.get("adapter"), "property": info.get("property"),
+                                  "result": {"status": info.get("status") or "failed"},
+                                  "case_file": info.get("case_file")}
+        try:
+            from .reports import attach_extras
+
+            attach_extras(item, report, get_settings(item.config).report)
+        except Exception as e:  # noqa: BLE001 - extras are a convenience, never a failure
+            print(f"attnverify: no pytest-html extras: {type(e).__name__}: {e}", file=sys.stderr)

@@ -8,6 +8,12 @@ Markers, written as an HTML comment on the line(s) right before a fenced block:
     <!-- exit N -->           a single shell command that must exit with status N (default 0)
     <!-- file: PATH -->       the block is PATH (less a leading module docstring): compared, not run here
                               (the cookbook's files run in the cookbook tests below)
+    <!-- raises: NAME -->     a Python block that shows a bug: it must raise an exception of that class name
+                              (or a subclass of one so named)
+    <!-- needs: MODULE -->    a Python block that needs an optional package: skipped, naming it, where it is
+                              not installed
+    <!-- standalone -->       a Python block run as a script in a fresh interpreter (a compiler bug whose
+                              reproduction depends on the process state), with `raises` checked on its stderr
     <!-- install -->          install commands: checked (paths exist, `bash -n`, extras exist, and pip
                               resolves the local attnverify with --dry-run), not run: they would change
                               the environment the tests run in
@@ -16,13 +22,14 @@ Python blocks of one page run in order in one namespace; shell blocks of one pag
 one bash process (`cd` and variables carry over, `set -e`), in a workspace holding copies of docs/ and
 examples/, with this interpreter's bin/ first on PATH and ATTNVERIFY_MAX_EXAMPLES=3 (the documented
 commands, run with 3 generated examples per property plus the corpus, to stay fast). Pages whose shell
-blocks run the suite are marked slow.
+blocks run the suite, or whose Python blocks call torch.compile, are marked slow.
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
 import importlib
+import importlib.util
 import math
 import os
 import re
@@ -30,6 +37,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -74,7 +82,8 @@ class Block:
 
 
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
-_MARKER = re.compile(r"^\s*<!--\s*(?P<name>[\w-]+)(?::\s*(?P<value>.*?))?\s*-->\s*$")
+_MARKER = re.compile(r"^\s*<!--\s*(?P<name>[\w-]+)(?:(?::\s*|\s+)(?P<value>.*?))?\s*-->\s*$")
+MARKERS = ("gpu", "exit", "file", "install", "raises", "needs", "standalone")
 
 
 def parse_blocks(path: Path):
@@ -82,7 +91,7 @@ def parse_blocks(path: Path):
     out, pending, i = [], {}, 0
     while i < len(lines):
         m = _MARKER.match(lines[i])
-        if m:
+        if m and m["name"] in MARKERS:
             pending[m["name"]] = (m["value"] or "").strip()
             i += 1
             continue
@@ -163,6 +172,17 @@ def test_every_block_has_a_known_language(page):
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
+def test_comments_before_blocks_are_known_markers(page):
+    lines = page.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if line.strip().startswith("<!--") and _FENCE.match(lines[i + 1]):
+            m = _MARKER.match(line)
+            assert m and m["name"] in MARKERS, f"{page.relative_to(ROOT)}:{i + 1}: unknown marker {line.strip()!r}; known: {MARKERS}"
+            if m["name"] == "exit":
+                assert (m["value"] or "").isdigit(), f"{page.relative_to(ROOT)}:{i + 1}: <!-- exit N --> needs a number"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
 def test_file_blocks_are_their_files(page):
     for b in parse_blocks(page):
         if "file" not in b.markers:
@@ -185,25 +205,60 @@ def test_every_cookbook_recipe_and_ci_file_is_shown():
 
 
 def _python_pages():
-    return [p for p in PAGES if any(_runnable(b) and b.kind == "python" for b in parse_blocks(p))]
+    out = []
+    for p in PAGES:
+        bs = [b for b in parse_blocks(p) if _runnable(b) and b.kind == "python"]
+        if bs:
+            slow = any("torch.compile" in b.code for b in bs)  # minutes of inductor compiles on 2 cores
+            out.append(pytest.param(p, id=str(p.relative_to(ROOT)), marks=[pytest.mark.slow] if slow else []))
+    return out
 
 
-@pytest.mark.parametrize("page", _python_pages(), ids=_ids(_python_pages()))
+@pytest.mark.parametrize("page", _python_pages())
 def test_python_blocks_run(page, tmp_path, monkeypatch):
     ws = _workspace(tmp_path)
     monkeypatch.chdir(ws)
     monkeypatch.setattr(sys, "path", list(sys.path))  # blocks may extend sys.path: undone afterwards
-    ns: dict = {"__name__": f"docs_{page.stem}"}
+    module = types.ModuleType(f"docs_{page.stem}")  # a real module: torch.compile looks its globals up by name
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    ns: dict = module.__dict__
     skipped = []
     for b in parse_blocks(page):
         if not (_runnable(b) and b.kind == "python"):
             continue
         if "gpu" in b.markers and not CUDA:
-            skipped.append(b.where)
+            skipped.append(f"{b.where}: {GPU_REASON}")
             continue
-        exec(compile(b.code, b.where, "exec"), ns)  # noqa: S102 - the docs' own code
+        need = b.markers.get("needs")
+        if need and importlib.util.find_spec(need) is None:
+            skipped.append(f"{b.where}: needs the optional package {need!r}, not installed here")
+            continue
+        if "standalone" in b.markers:
+            _run_standalone(b, tmp_path)
+            continue
+        code = compile(b.code, b.where, "exec")
+        if "raises" not in b.markers:
+            exec(code, ns)  # noqa: S102 - the docs' own code
+            continue
+        want = b.markers["raises"]
+        with pytest.raises(Exception) as info:  # a block that shows a bug: it must still raise what it says
+            exec(code, ns)  # noqa: S102
+        names = [c.__name__ for c in type(info.value).__mro__]
+        assert want in names, f"{b.where}: expected {want}, raised {type(info.value).__name__}: {info.value}"
     if skipped:
-        pytest.skip(f"ran every other block; {', '.join(skipped)}: {GPU_REASON}")
+        pytest.skip(f"ran every other block; skipped {'; '.join(skipped)}")
+
+
+def _run_standalone(b, tmp_path) -> None:
+    script = tmp_path / f"block_{b.where.replace('/', '_').replace(':', '_')}.py"
+    script.write_text(b.code, encoding="utf-8")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900)
+    want = b.markers.get("raises")
+    if want:
+        last = (r.stderr.strip().splitlines() or [""])[-1]
+        assert r.returncode != 0 and want in r.stderr, f"{b.where}: expected {want}; exit {r.returncode}, last line {last!r}"
+    else:
+        assert r.returncode == 0, f"{b.where}: exit {r.returncode}\n{r.stderr[-3000:]}"
 
 
 def _commands(code: str):
@@ -256,7 +311,7 @@ def test_shell_blocks_run(page, tmp_path):
     assert res.returncode == 0 and "::: all blocks done" in res.stdout, (
         f"{page.relative_to(ROOT)}: a block failed (exit {res.returncode}); last output:\n{out[-6000:]}")
     if skipped:
-        pytest.skip(f"ran every other block; {', '.join(skipped)}: {GPU_REASON}")
+        pytest.skip(f"ran every other block; skipped {'; '.join(skipped)}")
 
 
 def _install_blocks():
@@ -588,16 +643,6 @@ def _pages_text(reports: Path) -> str:
 
 
 FAST_K = "causal_alignment or fully_masked_rows"
-REPORT_LOADS_NO_CONFTEST = (
-    "`attnverify report DIR` does not import ./conftest.py (as `attnverify adapters` and `repro` do), so after a "
-    "plain pytest run it cannot resolve a conftest-registered adapter: case pages say 'No diagnosis: adapter ... "
-    "cannot be resolved here' (attnverify/cli.py cmd_report)")
-REPORT_READS_NO_RECORDS = (
-    "the case pages' error table reads result records under a 'result' key, but the journal writes them at the "
-    "top level: every page says 'No comparison records in the journal for this failure' "
-    "(attnverify/reports/__init__.py build_model)")
-
-
 @pytest.fixture(scope="module")
 def ci_cpu_job_on_the_buggy_kernel(tmp_path_factory):
     """The CPU job's lines, as the CI files run them, in a copy of the example repo with ADAPTER=mykernel
@@ -623,17 +668,33 @@ def test_ci_cpu_job_fails_on_the_buggy_kernel_and_keeps_a_report(ci_cpu_job_on_t
     assert "attnverify repro reports/cases/" in pages and "Mismatched elements" in pages
 
 
-@pytest.mark.xfail(strict=True, reason=REPORT_LOADS_NO_CONFTEST)
 def test_ci_report_pages_name_the_bugs(ci_cpu_job_on_the_buggy_kernel):
     repo, _ = ci_cpu_job_on_the_buggy_kernel
     pages = _pages_text(repo / "reports")
     assert "causal mask aligned top-left" in pages and "fully-masked rows give NaN" in pages, pages[:3000]
 
 
-@pytest.mark.xfail(strict=True, reason=REPORT_READS_NO_RECORDS)
 def test_ci_report_pages_show_every_output_against_its_tolerance(ci_cpu_job_on_the_buggy_kernel):
     repo, _ = ci_cpu_job_on_the_buggy_kernel
     assert "No comparison records" not in _pages_text(repo / "reports")
+
+
+def test_repro_replays_a_saved_case_from_the_example_repo(ci_cpu_job_on_the_buggy_kernel):
+    repo, _ = ci_cpu_job_on_the_buggy_kernel
+    case = sorted((repo / "reports" / "cases").glob("*.json"))[0]
+    still = subprocess.run(["attnverify", "repro", str(case)], cwd=repo, env=_env(), capture_output=True, text=True,
+                           timeout=600)
+    assert still.returncode == 1 and "STILL FAILS" in still.stdout, still.stdout[-2000:] + still.stderr[-2000:]
+    held = subprocess.run(["attnverify", "repro", str(case), "--adapter", "mykernel-fixed"], cwd=repo, env=_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert held.returncode == 0 and "HELD" in held.stdout, held.stdout[-2000:] + held.stderr[-2000:]
+
+
+def test_attnverify_adapters_lists_the_example_adapters():
+    r = subprocess.run(["attnverify", "adapters"], cwd=EXAMPLE, env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    names = [line.split()[0] for line in r.stdout.splitlines()[1:] if line.strip()]
+    assert "mykernel" in names and "mykernel-fixed" in names, r.stdout
 
 
 def test_ci_cpu_job_passes_on_the_fixed_kernel(tmp_path):

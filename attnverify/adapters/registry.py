@@ -46,17 +46,34 @@ def add_builtin(name: str, target: str) -> None:
     BUILTINS[name] = target
 
 
+def import_file(path: str):
+    """Import a .py file by path with its folder on sys.path (as pytest does for a conftest.py), so
+    it can import the modules that sit next to it (a repo's own kernel)."""
+    path = os.path.abspath(path)
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    mod_key = "attnverify_user_" + os.path.splitext(os.path.basename(path))[0]
+    if mod_key in sys.modules and getattr(sys.modules[mod_key], "__file__", None) == path:
+        return sys.modules[mod_key]
+    spec = importlib.util.spec_from_file_location(mod_key, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[mod_key] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[mod_key]
+        raise
+    return mod
+
+
 def _load_target(target: str):
     mod_name, _, attr = target.partition(":")
     if mod_name.endswith(".py") or os.sep in mod_name or "/" in mod_name:
         path = os.path.abspath(mod_name)
         if not os.path.exists(path):
             raise UnknownAdapterError(f"--adapter {target!r}: file {path} does not exist")
-        mod_key = "attnverify_user_" + os.path.splitext(os.path.basename(path))[0]
-        spec = importlib.util.spec_from_file_location(mod_key, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[mod_key] = mod
-        spec.loader.exec_module(mod)
+        mod = import_file(path)
     else:
         mod = importlib.import_module(mod_name)
     if not attr:

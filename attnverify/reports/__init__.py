@@ -83,7 +83,7 @@ def build_model(report_dir: str) -> Dict[str, Any]:
         a, p = str(r.get("adapter", "?")), str(r.get("property", "?"))
         if ev == "result":
             c = cell(a, p)
-            res = r.get("result") if isinstance(r.get("result"), dict) else {}
+            res = r.get("result") if isinstance(r.get("result"), dict) else r  # the driver writes it flat
             st = _status_of(r)
             c["examples"] += 1
             if not c["final"]:
@@ -219,9 +219,13 @@ def _comparisons(result: dict) -> List[dict]:
     return rows
 
 
-def render(report_dir: str = "reports", *, rerun: bool = True, probe_conventions: bool = True) -> str:
-    """Write `<report_dir>/index.html` and `<report_dir>/cases/<id>.html` per failure; return the index path."""
-    from .analysis import analyse
+def render(report_dir: str = "reports", *, rerun: bool = True, probe_conventions: bool = True,
+           timeout: Optional[float] = 60.0, isolate: bool = True) -> str:
+    """Write `<report_dir>/index.html` and `<report_dir>/cases/<id>.html` per failure; return the index path.
+
+    Diagnosis re-runs a failing case and the conventions table probes each adapter: both call the
+    adapter again, so each runs in a forked child with `timeout` seconds (a hanging or crashing
+    adapter costs that piece of the report, never the report); isolate=False runs them here."""
     from .heatmap import colorbar_data_uri
 
     report_dir = os.path.abspath(report_dir)
@@ -241,14 +245,14 @@ def render(report_dir: str = "reports", *, rerun: bool = True, probe_conventions
         f["repro"] = f.get("repro") or (saved or {}).get("repro") or f"attnverify repro {rel}"
         f["snippet"] = _snippet(f["adapter"], case, rel)
         f["comparisons"] = _comparisons(f.get("result"))
-        f["analysis"] = analyse(f["adapter"], f["status"], case, path, rerun=rerun)
+        f["analysis"] = _isolated_analysis(f, case, path, rerun, timeout if isolate else False)
         html = env.get_template("case.html").render(f=f, model=model, css=css, colorbar=colorbar_data_uri(),
                                                     recipe_json=json.dumps((case or {}).get("recipe"), indent=1, default=str))
         with open(os.path.join(report_dir, "cases", f"{f['id']}.html"), "w", encoding="utf-8") as fh:
             fh.write(html)
     conv = []
     if probe_conventions and len(model["adapters"]) > 1:
-        conv = conventions_table(model["adapters"])
+        conv = conventions_table(model["adapters"], timeout=timeout if isolate else False)
     html = env.get_template("index.html").render(m=model, css=css, conventions=conv, order=ORDER)
     index = os.path.join(report_dir, "index.html")
     with open(index, "w", encoding="utf-8") as fh:
@@ -256,7 +260,21 @@ def render(report_dir: str = "reports", *, rerun: bool = True, probe_conventions
     return index
 
 
-def conventions_table(names: List[str]) -> List[dict]:
+def _isolated_analysis(f: dict, case, path, rerun: bool, timeout: Optional[float]) -> dict:
+    from ..isolation import call_isolated
+    from .analysis import analyse
+
+    if not rerun or timeout is False:
+        return analyse(f["adapter"], f["status"], case, path, rerun=rerun)
+    ok, value = call_isolated(analyse, f["adapter"], f["status"], case, path, rerun=True, timeout=timeout)
+    if ok:
+        return value
+    return {"notes": [f"re-running the case for diagnosis failed: {value}; metrics only"], "rerun": False,
+            "diagnosis": None, "heatmaps": [], "worst_rows": [], "check": None}
+
+
+def conventions_table(names: List[str], timeout: Optional[float] = 60.0) -> List[dict]:
+    from ..isolation import call_isolated
     from . import conventions
     from .analysis import _adapter
 
@@ -266,10 +284,17 @@ def conventions_table(names: List[str]) -> List[dict]:
         if a is None:
             rows.append({"adapter": n, "note": why, "declared": {}, "observed": {}})
             continue
-        try:
-            rows.append({"adapter": n, "note": "", "declared": conventions.declared(a), "observed": conventions.observe(a)})
-        except Exception as e:
-            rows.append({"adapter": n, "note": f"probe failed: {type(e).__name__}: {e}", "declared": {}, "observed": {}})
+        if timeout is False:  # not isolated: as the run itself was (--attn-isolate=none)
+            try:
+                ok, observed = True, conventions.observe(a)
+            except Exception as e:  # noqa: BLE001
+                ok, observed = False, f"{type(e).__name__}: {e}"
+        else:
+            ok, observed = call_isolated(conventions.observe, a, timeout=timeout)
+        if ok:
+            rows.append({"adapter": n, "note": "", "declared": conventions.declared(a), "observed": observed})
+        else:
+            rows.append({"adapter": n, "note": f"probe failed: {observed}", "declared": conventions.declared(a), "observed": {}})
     return rows
 
 
