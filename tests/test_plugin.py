@@ -250,7 +250,10 @@ def test_env():
 def _two_fake_gpus(monkeypatch):
     monkeypatch.setenv("ATTNVERIFY_GPU_COUNT", "2")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    for v in ("ATTNVERIFY_ADAPTER", "ATTNVERIFY_SEED", "ATTNVERIFY_PROFILE", "ATTNVERIFY_PINNED_GPU"):
+    # nested runs start as top-level runs: under an outer xdist run the inner controller would
+    # otherwise inherit the outer worker's id and pin itself (and so every inner worker) to one GPU
+    for v in ("ATTNVERIFY_ADAPTER", "ATTNVERIFY_SEED", "ATTNVERIFY_PROFILE", "ATTNVERIFY_PINNED_GPU",
+              "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
         monkeypatch.delenv(v, raising=False)
 
 

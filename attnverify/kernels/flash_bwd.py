@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .flash_fwd import LOG2E, _dot, _scores
+from .flash_fwd import LOG2E, _dot, _lowp, _scores
 
 
 @triton.jit
@@ -70,12 +70,12 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, LSE, DELTA, row_base, lo, hi,
                          slope, scale, qk_scale, softcap_scale, softcap_c2,
                          MASK, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, False)
         pt = tl.math.exp2(st - lse2[None, :])  # (N, M)
-        dv += _dot(pt.to(do.dtype), do, UPCAST, IEEE)
+        dv += _dot(_lowp(pt, do.dtype, UPCAST), do, UPCAST, IEEE)
         dpt = _dot(v, tl.trans(do), UPCAST, IEEE)
         dst = pt * (dpt - delta[None, :])
         if HAS_SOFTCAP:
             dst = dst * (1.0 - tt * tt)
-        dk += _dot(dst.to(qt.dtype), tl.trans(qt), UPCAST, IEEE)
+        dk += _dot(_lowp(dst, qt.dtype, UPCAST), tl.trans(qt), UPCAST, IEEE)
     return dk, dv
 
 
@@ -180,8 +180,8 @@ def _bwd_dkdv(
         + (k_start + offs_n[:, None]).to(tl.int64) * stride_dkn + offs_d[None, :] * stride_dkk
     dv_ptrs = DV + b_idx.to(tl.int64) * stride_dvz + off_hk.to(tl.int64) * stride_dvh \
         + (k_start + offs_n[:, None]).to(tl.int64) * stride_dvn + offs_dv[None, :] * stride_dvk
-    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=kmask)
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=vmask)
+    tl.store(dk_ptrs, _lowp(dk, DK.dtype.element_ty, UPCAST), mask=kmask)
+    tl.store(dv_ptrs, _lowp(dv, DV.dtype.element_ty, UPCAST), mask=vmask)
 
 
 @triton.jit
@@ -205,7 +205,7 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, stride_kn, stride_
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
             ds = ds * (1.0 - t * t)
-        dq += _dot(ds.to(kt.dtype), tl.trans(kt), UPCAST, IEEE)
+        dq += _dot(_lowp(ds, kt.dtype, UPCAST), tl.trans(kt), UPCAST, IEEE)
     return dq
 
 
@@ -300,4 +300,4 @@ def _bwd_dq(
     dq = dq * scale
     dq_ptrs = DQ + b_idx.to(tl.int64) * stride_dqz + off_h.to(tl.int64) * stride_dqh \
         + (q_start + offs_m[:, None]).to(tl.int64) * stride_dqm + offs_d[None, :] * stride_dqk
-    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=qmask)
+    tl.store(dq_ptrs, _lowp(dq, DQ.dtype.element_ty, UPCAST), mask=qmask)

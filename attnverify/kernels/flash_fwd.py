@@ -10,7 +10,8 @@ kernel:
 - HAS_SOFTCAP (s = c * tanh(s / c) after scaling), HAS_ALIBI (s -= slope * |i + Lk - Lq - j|),
 - IS_VARLEN (cu_seqlens: segment z of the queries sees only segment z of the keys),
 - head dims padded to powers of two (BLOCK_D, BLOCK_DV) with masked loads/stores,
-- UPCAST: convert dot operands to fp32 (the Triton interpreter's bf16 dot is wrong).
+- UPCAST: convert dot operands to fp32 (the Triton interpreter's bf16 dot is wrong) and round to
+  bf16 by hand (the interpreter truncates where a GPU rounds to nearest even).
 
 A row that sees no key keeps m = -inf and l = 0: exponentials use a safe max of 0 so no
 `-inf - -inf` is ever formed; the row's output is 0 and its LSE -inf.
@@ -40,6 +41,17 @@ def _tanh(x):
     small = ax * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * (-0.05396825396825397))))
     t = tl.where(ax < 0.125, small, big)
     return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _lowp(x, DT: tl.constexpr, UPCAST: tl.constexpr):
+    """fp32 -> DT. Under the interpreter (UPCAST) bf16 is rounded to nearest even by hand first: its
+    own conversion truncates, which biases P and the outputs low and fails a correct kernel."""
+    if UPCAST and DT == tl.bfloat16:
+        b = x.to(tl.uint32, bitcast=True)
+        b = b + 0x7FFF + ((b >> 16) & 1)
+        x = ((b >> 16) << 16).to(tl.float32, bitcast=True)
+    return x.to(DT)
 
 
 @triton.jit
@@ -129,7 +141,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn
         p = tl.math.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        acc = acc + _dot(p.to(v.dtype), v, UPCAST, IEEE)
+        acc = acc + _dot(_lowp(p, v.dtype, UPCAST), v, UPCAST, IEEE)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -240,6 +252,6 @@ def _attn_fwd(
     o_mask = offs_m[:, None] < seq_q
     if not EVEN_DV:
         o_mask = o_mask & (offs_dv[None, :] < HEAD_DIM_V)
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_mask)
+    tl.store(o_ptrs, _lowp(out, O.dtype.element_ty, UPCAST), mask=o_mask)
     l_ptrs = LSE + b_idx.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + (q_start + offs_m) * stride_lm
     tl.store(l_ptrs, lse, mask=offs_m < seq_q)

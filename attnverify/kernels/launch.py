@@ -92,7 +92,19 @@ class Prepared:
 def prepare(q, k, v, spec) -> Prepared:
     b, hq, lq, d = q.shape
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
-    if hq % hkv:
+    # the kernel indexes k and v with q's strides and lengths: anything inconsistent would be read
+    # out of bounds, so it is refused here (the `contract` property checks that it is)
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"triton attention: q, k, v must be (B, H, L, D); got {q.dim()}-D, {k.dim()}-D, {v.dim()}-D")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"triton attention: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+    if k.shape[0] != b or v.shape[0] != b:
+        raise ValueError(f"triton attention: batch sizes differ (q {b}, k {k.shape[0]}, v {v.shape[0]})")
+    if k.shape[3] != d:
+        raise ValueError(f"triton attention: q and k head dims differ (q {d}, k {k.shape[3]})")
+    if v.shape[1] != hkv or v.shape[2] != lk:
+        raise ValueError(f"triton attention: k and v differ in heads or length (k {tuple(k.shape[1:3])}, v {tuple(v.shape[1:3])})")
+    if hkv == 0 or hq % hkv:
         raise ValueError(f"triton attention: Hq={hq} is not a multiple of Hkv={hkv}")
     if spec.attn_mask is not None:
         raise NotImplementedError("triton attention: attn_mask is not implemented")
