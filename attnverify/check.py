@@ -116,12 +116,17 @@ def _unpack(result):
 def _leaf(t: torch.Tensor, grad: bool) -> torch.Tensor:
     # keep the caller's strides/offsets (layout is part of the case): clone preserves them only for
     # dense tensors, so rebuild views through as_strided on a copy of the storage
+    # Always a copy: an adapter that writes into its inputs must not change what the reference
+    # (computed afterwards from the case's own tensors) sees.
     x = t.detach()
+    if grad and 0 in x.stride() and x.numel() > 1:
+        x = x.contiguous()  # an expanded (stride-0) leaf cannot hold its own gradient
+    elif 0 in x.stride():  # copy the distinct elements, then expand again: the zero strides stay
+        compact = [1 if st == 0 else n for n, st in zip(x.shape, x.stride())]
+        x = x.as_strided(compact, x.stride()).clone().expand(x.shape)
+    else:
+        x = x.clone() if x.is_contiguous() else _same_strides(x)
     if grad:
-        if 0 in x.stride() and x.numel() > 1:
-            x = x.contiguous()  # an expanded (stride-0) leaf cannot hold its own gradient
-        else:
-            x = x.clone() if x.is_contiguous() else _same_strides(x)
         x.requires_grad_(True)
     return x
 

@@ -188,6 +188,25 @@ def test_nan_where_reference_is_finite_is_a_mismatch_and_vice_versa():
     assert res.status == "failed" and res.comparisons[0].nonfinite_mismatches == 64
 
 
+@pytest.mark.parametrize("backward", [False, True])
+def test_in_place_writes_to_inputs_fail_but_do_not_corrupt_the_reference(backward):
+    case = _case("float32", "cpu", lq=8, lk=8)
+    q0 = case.q.clone()
+
+    @wrong("zeroes-q-after")
+    def zeroes_q_after(q, k, v, spec):
+        o = naive_attention(q, k, v, spec).out
+        with torch.no_grad():
+            q.zero_()  # a correct answer, then the caller's q is wiped
+        return o
+
+    res = av.check(zeroes_q_after, case, backward=backward)
+    by_name = {c.name: c for c in res.comparisons}
+    assert res.status == "failed" and not by_name["inputs"].passed
+    assert by_name["out"].passed, res.message()  # judged against the inputs the adapter was given
+    assert torch.equal(case.q, q0)  # the case itself is untouched
+
+
 def test_zero_baseline_error_cannot_fail_a_correct_kernel():
     # all-equal scores and V = constant: the baseline is exact, the floor must still admit rounding
     r = av.CaseRecipe(len_q=16, len_k=16, head_dim=32, equal_scores=True, v_std=0.0, v_mean=3.0, dtype="float16")
