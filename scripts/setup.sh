@@ -4,6 +4,7 @@
 # - Without a GPU, the CPU build of torch is installed first, so no multi-GB CUDA build is pulled.
 #   Set ATTNVERIFY_TORCH_INDEX to PyTorch's CPU wheel index where PyPI's default build is CUDA.
 # - triton is installed for the interpreter (TRITON_INTERPRET=1) that runs the bundled kernel on CPU.
+# - jax (CPU) is installed for the `jax` adapter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -27,4 +28,9 @@ if ! "$VPY" -c "import triton" >/dev/null 2>&1; then
   "$VPY" -m pip install -q "triton==3.9.0" || echo "setup: triton not installed; the 'triton' adapter will be unavailable"
 fi
 "$VPY" -m pip install -q -e ".[test,xdist,html]"
+# JAX (CPU) so the `jax` adapter joins the default run; where a CUDA torch is reused, the machine's
+# own JAX (if any) is used instead. Set ATTNVERIFY_NO_JAX=1 to skip it.
+if [ -z "${ATTNVERIFY_NO_JAX:-}" ] && ! "$VPY" -c "import jax" >/dev/null 2>&1; then
+  "$VPY" -m pip install -q "jax[cpu]>=0.4.30" || echo "setup: jax not installed; the 'jax' adapter will be unavailable"
+fi
 echo "setup: $("$VPY" -c 'import torch, attnverify; print("torch", torch.__version__, "attnverify", attnverify.__version__)')"
