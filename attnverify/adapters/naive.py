@@ -3,7 +3,8 @@
 It is the same-dtype baseline the tolerances are measured against, so it rounds exactly where a
 flash kernel must: operands and P are in the input dtype, products accumulate in float32 (a
 product of two fp16 or bf16 numbers is exact in float32, so `q.float() @ k.float().T` is what a
-tensor core computes), the softmax is float32, and the output is rounded to the input dtype.
+tensor core computes), the softmax is float32, and the output is rounded to the input dtype; in the
+backward, dS is rounded to the input dtype before it multiplies K and Q (as in a flash kernel).
 Rounding the scores themselves to fp16 would make the baseline (and so the tolerance) far worse
 than any real kernel at large logits. It implements every SPEC feature, so it also stands in for
 "a correct implementation" in tests.
@@ -50,6 +51,42 @@ def naive_attention(q, k, v, spec: Spec, *, return_keep: bool = True):
     return Output(out, lse=lse if spec.return_lse else None, dropout_mask=keep if return_keep else None)
 
 
+class _SoftmaxPV(torch.autograd.Function):
+    """out = round(softmax(s) [* keep/(1-p)]) @ v in the accumulation dtype, rounded to `dtype`.
+
+    Its backward is a flash kernel's, rounding where a fused kernel must: D = rowsum(dO * O) from the
+    *rounded* output O (as FlashAttention-2's preprocessing computes it from the stored output), and
+    dS = P * (dP - D) rounded to the input dtype before it multiplies K and Q. Where those sums cancel
+    (one query row over a concentrated softmax), a fused kernel's dQ/dK carry that rounding; a baseline
+    more exact than any fused kernel would give a bound that fails correct ones."""
+
+    @staticmethod
+    def forward(ctx, s, v, keep_scale, dtype):
+        dead = torch.isneginf(s).all(dim=-1, keepdim=True)
+        lse = torch.logsumexp(s.masked_fill(dead, 0.0), dim=-1, keepdim=True).masked_fill(dead, 0.0)
+        p = torch.exp(s - lse)  # exactly 0 on fully-masked rows (never -inf - -inf)
+        pk = p if keep_scale is None else p * keep_scale
+        pr = pk.to(dtype).to(s.dtype)  # P rounded as a kernel feeds it to the P@V matmul
+        out = torch.matmul(pr, v).to(dtype)
+        ctx.dtype = dtype
+        ctx.save_for_backward(p, pr, v, out, keep_scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        p, pr, v, out, keep_scale = ctx.saved_tensors
+        g = g.to(p.dtype)
+        dv = torch.matmul(pr.transpose(-1, -2), g)
+        dp = torch.matmul(g, v.transpose(-1, -2))  # fp32: dP of large |V| would overflow fp16
+        if keep_scale is not None:
+            dp = dp * keep_scale
+        d = (g * out.to(p.dtype)).sum(dim=-1, keepdim=True)
+        ds = p * (dp - d)
+        if ctx.dtype != ds.dtype:
+            ds = ds.to(ctx.dtype).to(ds.dtype)
+        return ds, dv, None, None
+
+
 def _rows_cols(t, q0, q1, k0, k1):
     """t[..., q0:q1, k0:k1], leaving broadcast (size-1) dimensions whole."""
     if t is None:
@@ -75,18 +112,12 @@ def _attend(q, kk, vv, spec: Spec, acc, bias, vis, keep):
     if vis is not None:
         s = s.masked_fill(~vis, NEG_INF)
     # fully-masked rows (every s is -inf, from a bool mask or an additive -inf): logsumexp and its
-    # backward would form -inf - -inf, so they see zeros instead and p is exactly 0 there
+    # backward would form -inf - -inf, so they see zeros instead (LSE -inf, out 0, gradients 0)
     dead = torch.isneginf(s).all(dim=-1, keepdim=True)
     lse = torch.logsumexp(s.masked_fill(dead, 0.0), dim=-1)
     lse = lse.masked_fill(dead.squeeze(-1), NEG_INF)
-    lse_safe = lse.masked_fill(dead.squeeze(-1), 0.0)
-    p = torch.exp(s - lse_safe.unsqueeze(-1))
-    if keep is not None:
-        p = p * keep / (1.0 - spec.dropout_p)
-    # P is rounded to the input dtype (as a kernel feeds it to the P@V matmul) but its gradient stays
-    # in float32: autograd through .to(fp16) would round dP to fp16 and overflow at large |V|
-    p_rounded = p + (p.to(q.dtype).to(acc) - p).detach()
-    return torch.matmul(p_rounded, vv.to(acc)).to(q.dtype), lse
+    keep_scale = None if keep is None else keep.to(acc) / (1.0 - spec.dropout_p)
+    return _SoftmaxPV.apply(s, vv.to(acc), keep_scale, q.dtype), lse
 
 
 @adapter(
