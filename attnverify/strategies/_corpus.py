@@ -47,6 +47,16 @@ def templates(tiles=None) -> List[CaseRecipe]:
         _t("head-dim-256", len_q=9, len_k=17, head_dim=256, seed=10),
         # a towering late tile: a max taken from the first tile only overflows
         _t("late-tile-x100", len_q=3, len_k=3 * bn, head_dim=16, late_from=2 * bn, late_boost=100.0, seed=11),
+        # features that generated cases draw only now and then (dropped where unclaimed): a window whose
+        # left bound falls inside the keys, ALiBi with Lq != Lk over several heads, a softcap that bites,
+        # a varlen pack with an empty segment and segments crossing tiles, bf16 with an offset in V
+        _t("window-left-bound-inside", heads_q=2, heads_kv=2, len_q=bn + 3, len_k=3 * bn + 5, head_dim=32,
+           window=(bn + 3, 2), seed=12),
+        _t("alibi-lq-ne-lk-heads", heads_q=4, heads_kv=2, len_q=9, len_k=2 * bn + 7, head_dim=32, alibi=True, seed=13),
+        _t("softcap-large-logits", len_q=17, len_k=2 * bn + 1, head_dim=32, softcap=5.0, q_std=3.0, k_std=3.0, seed=14),
+        _t("varlen-multi-segment", heads_q=2, heads_kv=1, len_q=bn + 10, len_k=3 * bn + 5, head_dim=32,
+           seqlens_q=[5, 0, bn + 3, 2], seqlens_k=[bn + 1, 3, 2 * bn, 1], seed=15),
+        _t("bf16-v-offset", len_q=9, len_k=2 * bn + 5, head_dim=64, dtype="bfloat16", v_mean=10.0, seed=16),
     ]
     return out
 
