@@ -133,10 +133,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn
                         scale, qk_scale, softcap_scale, softcap_c2,
                         MASK, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI)
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASK:
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # never -inf - -inf
-        else:
-            m_use = m_new  # every row saw at least one finite score in this tile
+        # never -inf - -inf: a row's scores can all be -inf without any mask (an inf in q or k)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_use)
         p = tl.math.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)

@@ -96,6 +96,8 @@ def prepare(q, k, v, spec) -> Prepared:
     # out of bounds, so it is refused here (the `contract` property checks that it is)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"triton attention: q, k, v must be (B, H, L, D); got {q.dim()}-D, {k.dim()}-D, {v.dim()}-D")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"triton attention: dtype {q.dtype} is not supported (float16, bfloat16, float32)")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"triton attention: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
     if k.shape[0] != b or v.shape[0] != b:
