@@ -582,6 +582,7 @@ class RepeatAndInterleaveStable(MetamorphicProperty):
            "dtypes and causal modes ran in between (stale caches, autotuning state); bitwise when the adapter "
            "claims deterministic. One request alone equals the same request inside a larger batch (or varlen pack).")
     case_kwargs = dict(dropout=False, poison=False)
+    cost = 6.0  # 11 calls, the interleaved shapes and a batched call per example
 
     def params(self, adapter):
         return st.fixed_dictionaries({"extra": st.integers(1, 2), "pos": st.integers(0, 2)})

@@ -47,6 +47,10 @@ class Property:
     name: str = ""
     doc: str = ""
     needs: tuple = ()  # claim names this property requires, e.g. ("backward",)
+    # adapter calls per example relative to one checked call: the profile's example count is divided
+    # by it (at least 5 generated examples remain; the corpus always runs), so a property that calls
+    # the adapter a dozen times per example does not cost a dozen properties' time
+    cost: float = 1.0
 
     def skip_reason(self, adapter) -> Optional[str]:
         for need in self.needs:

@@ -127,6 +127,8 @@ def run_property(
     test = given(st_)(body)
     for ex in reversed(corpus):  # decorators apply bottom-up: keep the corpus order
         test = example(ex)(test)
+    if max_examples is None and getattr(prop, "cost", 1.0) > 1.0:
+        max_examples = max(5, int(hypothesis_settings(profile).max_examples / float(prop.cost)))
     test = hypothesis_settings(profile, max_examples=max_examples, seed=seed, database=database)(test)
     if seed is not None:
         test = hyp_seed(int(seed))(test)
