@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+import attnverify as av
 from attnverify import cli
 from attnverify.journal import read_journal
 from attnverify.plugin import gpu_for_worker, pin_worker_gpu, visible_devices
@@ -107,6 +108,26 @@ def test_wrong_mine_fails_with_the_shrunk_case_and_a_repro_command(pytester, mon
     assert cli.main(["repro", case_file]) == 1
     shown = capsys.readouterr().out
     assert "STILL FAILS" in shown and "out" in shown and "MISMATCH" in shown
+
+
+def test_a_declared_known_failure_is_reported_as_known_not_as_a_new_failure(pytester):
+    pytester.makeconftest(MINE_WRONG.replace(
+        '@av.adapter("mine")',
+        '@av.adapter("mine", known_failures={"forward_matches_reference": "forgets the scale (issue 7)"})'))
+    res = pytester.runpytest("--adapter=mine", "-k", "forward_matches_reference or inputs_unmodified", *FAST)
+    out = res.stdout.str()
+    assert res.ret == 0, out  # the run passes: the finding is known
+    outcomes = res.parseoutcomes()
+    assert outcomes.get("xfailed") == 1 and outcomes.get("passed", 0) >= 1, outcomes
+    ends = {r["property"]: r for r in _journal(pytester) if r["event"] == "test_end"}
+    known = ends["forward_matches_reference"]
+    assert known["outcome"] == "known" and known["message"].startswith("known finding: forgets the scale (issue 7)")
+    assert known["case_file"] and "shrunk case:" in known["message"]  # still shrunk, saved and replayable
+    assert ends["inputs_unmodified"]["outcome"] == "passed"
+    html = (pytester.path / "reports" / "index.html").read_text()
+    assert "st-known" in html and "forgets the scale (issue 7)" in html
+    with pytest.raises(TypeError, match="known_failures"):
+        av.adapter("bad-known", known_failures=["forward_matches_reference"])(lambda q, k, v, spec: q)
 
 
 def test_unknown_adapter_is_a_usage_error_listing_known_names(pytester):

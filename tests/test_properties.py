@@ -14,18 +14,10 @@ from wrong_impls import WRONG, _mk
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-# Failures of the correct adapters that are findings about them, not about the properties
-# (reported to the owners of adapters/; see the issue-11 report). Non-strict: the search may or may
-# not reach them within a short run.
-KNOWN = {
-    # a real behaviour of the backend, not of the adapter: documented in docs/tolerances.md
-    ("sdpa-flash", "nonfinite_inputs_propagate"): "SDPA FLASH on CPU returns 0 for a query row holding NaN (swallows it)",
-    ("sdpa-flash", "contract"): "SDPA FLASH on CPU accepts k and v of different lengths and returns a finite output",
-}
-
-
 def _known(adapter, prop):
-    return KNOWN.get((adapter, prop)) or KNOWN.get((adapter, "*"))
+    """A failure of a correct adapter that is a documented finding about the backend (declared on the
+    adapter as known_failures; docs/tolerances.md). Non-strict: a short search may not reach it."""
+    return get(adapter).known_failures.get(prop)
 
 
 def test_property_names_and_lookup():

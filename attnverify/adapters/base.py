@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
 import torch
 
@@ -124,6 +124,10 @@ class Adapter:
     availability: Optional[Callable[[], Optional[str]]] = None
     # Optional per-case veto for limits the claims cannot express; returns a reason or None.
     refuses: Optional[Callable[[Any], Optional[str]]] = None
+    # property name -> why it fails: a known, documented finding about the implementation (a library
+    # bug with its evidence). The property still runs; its failure is reported as a known finding
+    # (pytest xfail), and a pass as XPASS, so a fix upstream shows.
+    known_failures: Dict[str, str] = field(default_factory=dict)
 
     def __call__(self, q, k, v, spec):
         return self.fn(q, k, v, spec)
@@ -159,17 +163,30 @@ def _device_present(dev: str) -> bool:
     return False
 
 
-def adapter(name: str, *, description: str = "", availability=None, refuses=None, register: bool = True, **claims):
+def validate_known_failures(name: str, known) -> Dict[str, str]:
+    """{property name: reason}; each reason says what fails and where the evidence is."""
+    if known is None:
+        return {}
+    if not isinstance(known, dict) or not all(isinstance(k, str) and isinstance(v, str) and v.strip()
+                                               for k, v in known.items()):
+        raise TypeError(f"attnverify.adapter({name!r}, known_failures=...): give a dict of property name -> "
+                        "reason, e.g. {'nonfinite_inputs_propagate': 'swallows NaN rows (upstream issue #123)'}")
+    return dict(known)
+
+
+def adapter(name: str, *, description: str = "", availability=None, refuses=None, register: bool = True,
+            known_failures: Optional[Dict[str, str]] = None, **claims):
     """Decorator: declare an attention implementation and what it claims (see SPEC.md)."""
     if not isinstance(name, str) or not name or any(ch in name for ch in " ,:/"):
         raise ValueError(f"attnverify.adapter(name={name!r}): a non-empty name without spaces, ',' ':' or '/'")
     c = _validate_claims(name, claims)
+    known = validate_known_failures(name, known_failures)
 
     def wrap(fn):
         if not callable(fn):
             raise TypeError(f"attnverify.adapter({name!r}) must decorate a callable (q, k, v, spec)")
         a = Adapter(name=name, fn=fn, claims=c, description=description or (fn.__doc__ or "").strip().split("\n")[0],
-                    availability=availability, refuses=refuses)
+                    availability=availability, refuses=refuses, known_failures=known)
         if register:
             from .registry import register_adapter
 

@@ -153,6 +153,23 @@ def _call(q, k, v, spec: Spec, backend: str):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
 
 
+# Measured findings about PyTorch's kernels (docs/tolerances.md, "Findings about the backends"): the
+# properties still run and report them as known (xfail), and as XPASS once a torch release fixes them.
+_CPU_FLASH_FINDINGS = {
+    "nonfinite_inputs_propagate": "CPU flash (torch 2.13) returns 0 for a query row holding NaN instead of NaN "
+                                  "(docs/tolerances.md)",
+    "contract": "CPU flash (torch 2.13) accepts k and v of different lengths and returns finite numbers "
+                "(docs/tolerances.md)",
+}
+
+
+def _known_failures(backend: str) -> dict:
+    if torch.cuda.is_available():
+        return {}
+    # PyTorch's own dispatch picks the flash kernel on the CPU for these cases
+    return dict(_CPU_FLASH_FINDINGS) if backend in ("flash", "default") else {}
+
+
 def _make(name: str, backend: str, description: str) -> Adapter:
     a = Adapter(
         name=name,
@@ -161,6 +178,7 @@ def _make(name: str, backend: str, description: str) -> Adapter:
         description=description,
         availability=_availability(backend),
         refuses=_refuses(backend),
+        known_failures=_known_failures(backend),
     )
     return register_adapter(a)
 

@@ -16,7 +16,7 @@ import pprint
 import re
 from typing import Any, Dict, List, Optional
 
-ORDER = ("crashed", "timeout", "error", "failed", "passed", "skipped", "not run")  # worst first
+ORDER = ("crashed", "timeout", "error", "failed", "known", "passed", "skipped", "not run")  # worst first; known = a documented finding (xfail)
 RESULT_KEY = "attnverify_result"  # item.user_properties key / item attribute the plugin sets for pytest-html
 
 
@@ -101,6 +101,8 @@ def build_model(report_dir: str) -> Dict[str, Any]:
             st = r.get("status") or {"passed": "passed", "failed": "failed", "skipped": "skipped", "error": "error"}.get(outcome, outcome or "not run")
             c["status"], c["final"] = str(st), True
             c["message"] = r.get("message") or c["message"]
+            if outcome == "known":  # the reason only; the failure itself is in the journal
+                c["message"] = c["message"].split("\n", 1)[0]
             c["seconds"] = r.get("seconds")
             if outcome in ("failed", "error") or st in ("failed", "error", "crashed", "timeout"):
                 f = failures.setdefault((a, p), {"adapter": a, "property": p})
