@@ -252,7 +252,9 @@ def _claims() -> dict:
     availability=_availability,
     known_failures={} if _CUDA else {
         "nonfinite_inputs_propagate": "compiled flex_attention on the CPU (torch 2.13) returns 0 for a query row "
-                                      "holding NaN (docs/compatibility.md F2)"},
+                                      "holding NaN (docs/compatibility.md F2)",
+        "contract": "compiled flex_attention on the CPU (torch 2.13) accepts k and v of different lengths and "
+                    "returns finite numbers where eager flex_attention raises (docs/compatibility.md F8)"},
     max_seqlen=16384 if _CUDA else 4096,
     causal=("none", "top_left", "bottom_right"),
     window=True, softcap=True, alibi=True, attn_mask=True, gqa=True, varlen=True, dropout=False,
