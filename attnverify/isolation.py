@@ -162,6 +162,13 @@ class SubprocessRunner:
         return None if self._proc is None else self._proc.pid
 
     # -- one example
+    def timeout_for(self, prop) -> Optional[float]:
+        """The per-example timeout, scaled by the property's cost in adapter calls per example (a
+        property that calls the adapter a dozen times gets a dozen calls' time)."""
+        if self.timeout is None:
+            return None
+        return self.timeout * max(1.0, float(getattr(prop, "cost", 1.0)))
+
     def __call__(self, prop, adapter, drawn) -> ExampleResult:
         pk, ak = id(prop), id(adapter)
         self._objects.setdefault(pk, prop)
@@ -177,7 +184,7 @@ class SubprocessRunner:
             self._stop(kill=True)
             self._start()
             self._conn.send((pk, ak, drawn))
-        ready = self._conn.poll(self.timeout)
+        ready = self._conn.poll(self.timeout_for(prop))
         if not ready:
             self._stop(kill=True)
             return self._dead(prop, adapter, drawn, time.perf_counter() - t0, timeout=True)
@@ -197,8 +204,8 @@ class SubprocessRunner:
         shape = "" if case else f"\ndrawn: {drawn!r}"[:2000]
         if timeout:
             status = "timeout"
-            msg = (f"TIMEOUT: {where} did not finish within {self.timeout:g} s (--attn-timeout); "
-                   f"the judging process was killed and restarted{shape}")
+            msg = (f"TIMEOUT: {where} did not finish within {self.timeout_for(prop):g} s (--attn-timeout times the "
+                   f"property's cost); the judging process was killed and restarted{shape}")
         else:
             status = "crashed"
             if exitcode is not None and exitcode < 0:
