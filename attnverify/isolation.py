@@ -48,8 +48,30 @@ def fork_available() -> bool:
     return hasattr(os, "fork") and "fork" in mp.get_all_start_methods()
 
 
+def cuda_initialised() -> bool:
+    """Whether this process has initialised CUDA (then forking it is unsafe); never imports torch."""
+    import sys
+
+    t = sys.modules.get("torch")
+    try:
+        return bool(t is not None and t.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def _child_setup() -> None:
+    """In a forked child: Ctrl-C is the parent's to handle; torch on ATTNVERIFY_CHILD_THREADS threads."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("ATTNVERIFY_CHILD_THREADS", "1")))
+    except Exception:
+        pass
+
+
 def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None) -> None:  # in the forked child
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _child_setup()
     if fault_path:  # a fatal signal's Python stack goes to a file the parent quotes (not to the terminal)
         import faulthandler
 
@@ -57,12 +79,6 @@ def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None)
             faulthandler.enable(file=open(fault_path, "w"), all_threads=False)
         except Exception:
             pass
-    try:
-        import torch
-
-        torch.set_num_threads(int(os.environ.get("ATTNVERIFY_CHILD_THREADS", "1")))
-    except Exception:
-        pass
     while True:
         try:
             msg = conn.recv()
@@ -270,13 +286,7 @@ def make_runner(isolate: str = "auto", timeout: Optional[float] = DEFAULT_TIMEOU
 
 
 def _call_child(conn, fn, args, kwargs) -> None:  # in the forked child
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        import torch
-
-        torch.set_num_threads(int(os.environ.get("ATTNVERIFY_CHILD_THREADS", "1")))
-    except Exception:
-        pass
+    _child_setup()
     try:
         msg = ("ok", fn(*args, **kwargs))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
@@ -287,22 +297,14 @@ def _call_child(conn, fn, args, kwargs) -> None:  # in the forked child
         conn.send(("raised", f"the result could not be sent back ({type(e).__name__}: {e})"))
 
 
-def call_isolated(fn, *args, timeout: Optional[float] = DEFAULT_TIMEOUT, **kwargs):
+def call_isolated(fn, *args, timeout: Optional[float] = DEFAULT_TIMEOUT, inline: bool = False, **kwargs):
     """Run fn(*args, **kwargs) in a forked child: -> (True, value) or (False, why).
 
     For work after the run that calls adapters again (the report's re-runs and convention probes):
     a hanging or crashing adapter then costs that one piece of the report, never the report. Runs
-    in this process where fork is unavailable or CUDA is already initialised here (forking a CUDA
-    context is unsafe); ATTNVERIFY_ISOLATE=none does the same."""
-    cuda_on = False
-    try:
-        import sys
-
-        t = sys.modules.get("torch")
-        cuda_on = bool(t is not None and t.cuda.is_initialized())
-    except Exception:
-        pass
-    if not fork_available() or cuda_on or os.environ.get("ATTNVERIFY_ISOLATE") == "none":
+    in this process when asked (inline, as under --attn-isolate=none), where fork is unavailable, or
+    where CUDA is already initialised here (forking a CUDA context is unsafe)."""
+    if inline or not fork_available() or cuda_initialised():
         try:
             return True, fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001

@@ -41,6 +41,8 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
+from .isolation import cuda_initialised
+
 PROFILES = ("ci", "dev", "thorough")
 DEVICES = ("auto", "cpu", "cuda")
 ISOLATES = ("auto", "subprocess", "none")
@@ -222,14 +224,6 @@ def pin_worker_gpu(environ=None, gpu_count: Optional[int] = None) -> Optional[st
     return chosen
 
 
-def _cuda_initialised() -> bool:
-    t = sys.modules.get("torch")
-    try:
-        return bool(t is not None and t.cuda.is_initialized())
-    except Exception:
-        return False
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     """Before any conftest.py is imported: keep this process fork-safe and pin the xdist worker's GPU."""
@@ -245,7 +239,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
     # torch.cuda.is_available() then asks NVML instead of cuInit: forking a judge stays safe
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        if _cuda_initialised():
+        if cuda_initialised():
             early_config.issue_config_time_warning(
                 pytest.PytestConfigWarning("attnverify: CUDA was initialised before the worker could be pinned to one GPU"), 2)
             return

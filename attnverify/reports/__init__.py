@@ -247,14 +247,14 @@ def render(report_dir: str = "reports", *, rerun: bool = True, probe_conventions
         f["repro"] = f.get("repro") or (saved or {}).get("repro") or f"attnverify repro {rel}"
         f["snippet"] = _snippet(f["adapter"], case, rel)
         f["comparisons"] = _comparisons(f.get("result"))
-        f["analysis"] = _isolated_analysis(f, case, path, rerun, timeout if isolate else False)
+        f["analysis"] = _isolated_analysis(f, case, path, rerun, timeout, isolate)
         html = env.get_template("case.html").render(f=f, model=model, css=css, colorbar=colorbar_data_uri(),
                                                     recipe_json=json.dumps((case or {}).get("recipe"), indent=1, default=str))
         with open(os.path.join(report_dir, "cases", f"{f['id']}.html"), "w", encoding="utf-8") as fh:
             fh.write(html)
     conv = []
     if probe_conventions and len(model["adapters"]) > 1:
-        conv = conventions_table(model["adapters"], timeout=timeout if isolate else False)
+        conv = conventions_table(model["adapters"], timeout=timeout, isolate=isolate)
     html = env.get_template("index.html").render(m=model, css=css, conventions=conv, order=ORDER)
     index = os.path.join(report_dir, "index.html")
     with open(index, "w", encoding="utf-8") as fh:
@@ -262,20 +262,21 @@ def render(report_dir: str = "reports", *, rerun: bool = True, probe_conventions
     return index
 
 
-def _isolated_analysis(f: dict, case, path, rerun: bool, timeout: Optional[float]) -> dict:
+def _isolated_analysis(f: dict, case, path, rerun: bool, timeout: Optional[float], isolate: bool) -> dict:
     from ..isolation import call_isolated
     from .analysis import analyse
 
-    if not rerun or timeout is False:
-        return analyse(f["adapter"], f["status"], case, path, rerun=rerun)
-    ok, value = call_isolated(analyse, f["adapter"], f["status"], case, path, rerun=True, timeout=timeout)
+    if not rerun:  # nothing calls the adapter
+        return analyse(f["adapter"], f["status"], case, path, rerun=False)
+    ok, value = call_isolated(analyse, f["adapter"], f["status"], case, path, rerun=True, timeout=timeout,
+                              inline=not isolate)
     if ok:
         return value
     return {"notes": [f"re-running the case for diagnosis failed: {value}; metrics only"], "rerun": False,
             "diagnosis": None, "heatmaps": [], "worst_rows": [], "check": None}
 
 
-def conventions_table(names: List[str], timeout: Optional[float] = 60.0) -> List[dict]:
+def conventions_table(names: List[str], timeout: Optional[float] = 60.0, isolate: bool = True) -> List[dict]:
     from ..isolation import call_isolated
     from . import conventions
     from .analysis import _adapter
@@ -286,13 +287,7 @@ def conventions_table(names: List[str], timeout: Optional[float] = 60.0) -> List
         if a is None:
             rows.append({"adapter": n, "note": why, "declared": {}, "observed": {}})
             continue
-        if timeout is False:  # not isolated: as the run itself was (--attn-isolate=none)
-            try:
-                ok, observed = True, conventions.observe(a)
-            except Exception as e:  # noqa: BLE001
-                ok, observed = False, f"{type(e).__name__}: {e}"
-        else:
-            ok, observed = call_isolated(conventions.observe, a, timeout=timeout)
+        ok, observed = call_isolated(conventions.observe, a, timeout=timeout, inline=not isolate)
         if ok:
             rows.append({"adapter": n, "note": "", "declared": conventions.declared(a), "observed": observed})
         else:
