@@ -52,13 +52,15 @@ def naive_attention(q, k, v, spec: Spec, *, return_keep: bool = True):
 
 
 class _SoftmaxPV(torch.autograd.Function):
-    """out = round(softmax(s) [* keep/(1-p)]) @ v in the accumulation dtype, rounded to `dtype`.
+    """(out, lse): out = round(softmax(s) [* keep/(1-p)]) @ v in the accumulation dtype, rounded to
+    `dtype`; lse = logsumexp(s), -inf on fully-masked rows (which give out 0 and zero gradients).
 
     Its backward is a flash kernel's, rounding where a fused kernel must: D = rowsum(dO * O) from the
-    *rounded* output O (as FlashAttention-2's preprocessing computes it from the stored output), and
-    dS = P * (dP - D) rounded to the input dtype before it multiplies K and Q. Where those sums cancel
-    (one query row over a concentrated softmax), a fused kernel's dQ/dK carry that rounding; a baseline
-    more exact than any fused kernel would give a bound that fails correct ones."""
+    *rounded* output O (as FlashAttention-2's preprocessing computes it from the stored output), the
+    LSE's gradient folded into it (d lse / d s = P), and dS = P * (dP - D + dLSE) rounded to the input
+    dtype before it multiplies K and Q. Where those sums cancel (one query row over a concentrated
+    softmax), a fused kernel's dQ/dK carry that rounding; a baseline more exact than any fused kernel
+    would give a bound that fails correct ones."""
 
     @staticmethod
     def forward(ctx, s, v, keep_scale, dtype):
@@ -70,17 +72,17 @@ class _SoftmaxPV(torch.autograd.Function):
         out = torch.matmul(pr, v).to(dtype)
         ctx.dtype = dtype
         ctx.save_for_backward(p, pr, v, out, keep_scale)
-        return out
+        return out, lse.masked_fill(dead, NEG_INF).squeeze(-1)
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, g, g_lse):
         p, pr, v, out, keep_scale = ctx.saved_tensors
         g = g.to(p.dtype)
         dv = torch.matmul(pr.transpose(-1, -2), g)
         dp = torch.matmul(g, v.transpose(-1, -2))  # fp32: dP of large |V| would overflow fp16
         if keep_scale is not None:
             dp = dp * keep_scale
-        d = (g * out.to(p.dtype)).sum(dim=-1, keepdim=True)
+        d = (g * out.to(p.dtype)).sum(dim=-1, keepdim=True) - g_lse.to(p.dtype).unsqueeze(-1)
         ds = p * (dp - d)
         if ctx.dtype != ds.dtype:
             ds = ds.to(ctx.dtype).to(ds.dtype)
@@ -111,13 +113,8 @@ def _attend(q, kk, vv, spec: Spec, acc, bias, vis, keep):
         s = s + bias
     if vis is not None:
         s = s.masked_fill(~vis, NEG_INF)
-    # fully-masked rows (every s is -inf, from a bool mask or an additive -inf): logsumexp and its
-    # backward would form -inf - -inf, so they see zeros instead (LSE -inf, out 0, gradients 0)
-    dead = torch.isneginf(s).all(dim=-1, keepdim=True)
-    lse = torch.logsumexp(s.masked_fill(dead, 0.0), dim=-1)
-    lse = lse.masked_fill(dead.squeeze(-1), NEG_INF)
     keep_scale = None if keep is None else keep.to(acc) / (1.0 - spec.dropout_p)
-    return _SoftmaxPV.apply(s, vv.to(acc), keep_scale, q.dtype), lse
+    return _SoftmaxPV.apply(s, vv.to(acc), keep_scale, q.dtype)
 
 
 @adapter(
