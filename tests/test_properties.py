@@ -122,3 +122,15 @@ def test_database_replays_a_failure_first(tmp_path, monkeypatch):
                          report_dir=str(tmp_path))
         counts.append(next(i for i, e in enumerate(ev) if e["event"] == "result" and not e["passed"]))
     assert counts[1] == 1  # the stored failure is the second event: replayed first
+
+
+def test_row_shift_invariance_rejects_a_softmax_without_max_subtraction(tmp_path):
+    # its bound on the shifted call's scores (S + 1.5|shift|, sqrt(D) rounding) must still reject a
+    # kernel whose exp overflows once a row's scores are shifted
+    adp = WRONG["exp_no_max"][0]
+    with pytest.raises(AssertionError, match="row_shift_invariance failed"):
+        run_property(get_property("row_shift_invariance"), adp, profile="ci", seed=0, max_examples=10,
+                     database=None, report_dir=str(tmp_path))
+    # and the same property passes the correct eager kernel on those draws
+    run_property(get_property("row_shift_invariance"), get("naive"), profile="ci", seed=0, max_examples=10,
+                 database=None, report_dir=str(tmp_path))
