@@ -113,6 +113,8 @@ def main(argv=None):
     ap.add_argument("--device", default="auto")
     ap.add_argument("--big", action="store_true", help="also draw lengths up to 2048")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop drawing after this many seconds and record the cases done (a killed run records none)")
     args = ap.parse_args(argv)
     torch.set_num_threads(2)  # several calibrations share a machine; oversubscription costs 10x
     stats = defaultdict(lambda: defaultdict(list))
@@ -131,6 +133,9 @@ def main(argv=None):
             rng = random.Random(f"{args.seed}-{name}-{dt}")
             u = {o: unit_roundoff(dt, o) for o in ("out", "lse", "dq", "dk", "dv")}
             for i in range(args.n):
+                if args.budget_s and time.time() - t0 > args.budget_s:
+                    print(f"{name}/{dt}: budget spent after {i} cases", file=sys.stderr)
+                    break
                 rec = random_recipe(rng, a, dt, dev, args.big)
                 res = av.check(a, av.build_case(rec), keep_tensors=False)
                 key = f"{name}/{dt}"
@@ -145,8 +150,10 @@ def main(argv=None):
                     if c.allowed_at_worst:
                         stats[key][c.name + "_norm_vs_bound"].append(c.rel_l2 / c.tol_norm)
                         stats[key][c.name + "_elem_vs_bound"].append(c.max_abs / c.allowed_at_worst)
+                if i % 50 == 49:
+                    _dump(args, stats, fails, t0)
             _dump(args, stats, fails, t0)
-            print(f"{name}/{dt}: {args.n} cases, {len(stats[f'{name}/{dt}']['status_passed'])} passed "
+            print(f"{name}/{dt}: {sum(len(v) for k, v in stats[f'{name}/{dt}'].items() if k.startswith('status_'))} cases, {len(stats[f'{name}/{dt}']['status_passed'])} passed "
                   f"({time.time() - t0:.0f}s)", file=sys.stderr)
     out = _dump(args, stats, fails, t0)
     summary = out["summary"]

@@ -264,3 +264,46 @@ def test_zero_false_positives_on_random_cases(name, dtype, sampler):
         if res.status != "passed":
             failures.append(res.message())
     assert not failures, "\n\n".join(failures[:3])
+
+
+def _softcap_attention(q, k, v, spec, qk):
+    """fp32 attention from given raw q.k products (softcap, no mask): the rest as naive does it."""
+    scale, c = spec.resolved_scale(q.shape[-1]), spec.softcap
+    s = c * torch.tanh(qk * (scale / c))
+    return (torch.softmax(s, -1) @ _expand(q, v).float()).to(q.dtype)
+
+
+@wrong("sequential-dot", softcap=True)
+def sequential_dot(q, k, v, spec):
+    # correct, only rounded differently: q.k accumulated one dimension at a time, last to first
+    kk = _expand(q, k).float()
+    qk = torch.zeros(*q.shape[:3], k.shape[2])
+    for d in reversed(range(q.shape[-1])):
+        qk = qk + q[..., d, None].float() * kk[..., d][:, :, None, :]
+    return _softcap_attention(q, k, v, spec, qk)
+
+
+@wrong("tf32-dot", softcap=True)
+def tf32_dot(q, k, v, spec):
+    # fp32 inputs multiplied as TF32 (10 mantissa bits), as a GPU matmul does when TF32 is allowed
+    t = lambda x: (x.float().view(torch.int32) & ~0x1FFF).view(torch.float32)
+    return _softcap_attention(q, k, v, spec, t(q) @ t(_expand(q, k)).transpose(-1, -2))
+
+
+def test_softcap_score_rounding_is_judged_through_the_cap_and_tf32_is_still_caught():
+    # large |q||k| under a small cap: every score lies in +-0.5, but the rounding of q.k (~u |q||k|)
+    # passes through the cap's slope; a bound set by the cap alone failed a correct fp32 kernel (the
+    # bundled Triton kernel at 80 u on a case like this one). TF32 products err 8000x more: caught.
+    r = av.CaseRecipe(heads_q=2, len_q=64, len_k=96, head_dim=72, dtype="float32", seed=3, q_std=3.2, k_std=3.2,
+                      scale=0.5, softcap=0.5)
+    case = av.build_case(r)
+    from attnverify.check import magnitudes
+
+    S = magnitudes(case)["S"]
+    norms = 0.5 * float(case.q.norm(dim=-1).max()) * float(case.k.norm(dim=-1).max())
+    assert 0.5 < S <= norms  # between the cap and the uncapped bound
+    for seed in range(3):
+        case = av.build_case(av.CaseRecipe(**{**r.__dict__, "seed": seed}))
+        ok = av.check(sequential_dot, case, backward=False)
+        assert ok.status == "passed", ok.message()
+        assert av.check(tf32_dot, case, backward=False).status == "failed"
