@@ -5,7 +5,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 R=${1:-/tmp/gpucal}; N=${N:-1000}; mkdir -p $R
 for a in ${ADAPTERS:-naive sdpa-math sdpa-flash sdpa-efficient sdpa-cudnn sdpa triton}; do
   for dt in float32 float16 bfloat16; do
-    timeout $(( ${T:-260} + 60 )) python3 benchmarks/calibrate_tolerances.py --adapters $a --dtypes $dt --n $N --budget-s ${T:-260} \
+    timeout $(( ${T:-260} + 60 )) python3 benchmarks/calibrate_tolerances.py --adapters $a --dtypes $dt --n $N --seed ${SEED:-0} --budget-s ${T:-260} \
       --json $R/cal_${a}_$dt.json > $R/cal_${a}_$dt.log 2>&1 &
   done
 done
