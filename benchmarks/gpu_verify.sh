@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On a GPU machine: the GPU-side verification in one go, everything in parallel on one GPU
 # (correctness only: nothing here is timed). Results (logs, report folders as tarballs) in $1.
-#   - the GPU tests (compiled Triton kernel, contract properties, external adapters, tolerances on cuda)
-#   - `attnverify run --adapter all --profile thorough` with MAX_ALL examples per property
+#   - the GPU tests (compiled Triton kernel, contract properties, external adapters, tolerances on cuda), -v
+#   - `attnverify run --profile thorough` over every other available adapter, MAX_ALL examples per property
 #   - `attnverify run --adapter triton --profile thorough` with MAX_TRITON examples per property
+#   - optionally calibration (CAL_ADAPTERS, CAL_SEED) beside them, budgeted like the rest
 # Budget each part with T (seconds).
 set -u
 R=${1:-/tmp/gpuverify}; mkdir -p "$R"
@@ -19,13 +20,19 @@ try:
 except Exception as e: print("jax unavailable:", e)
 PY
 python3 -m attnverify.cli adapters > "$R/adapters.txt" 2>&1
-(timeout "$T" python3 -m pytest -q -n 4 -p no:randomly -m "not slow" tests/test_triton_kernel.py tests/test_contract.py \
+OTHERS=$(python3 -c "from attnverify.adapters.registry import available_builtins as a; print(','.join(x.name for x in a() if x.name != 'triton'))")
+(timeout "$T" python3 -m pytest -v -n "${TEST_WORKERS:-3}" -p no:randomly -m "not slow" tests/test_triton_kernel.py tests/test_contract.py \
    tests/test_external_adapters.py tests/test_tolerances.py -rs > "$R/tests_gpu.log" 2>&1; echo "exit $?" >> "$R/tests_gpu.log") &
-(timeout "$T" python3 -m attnverify.cli run --adapter all --profile thorough --max-examples "${MAX_ALL:-12}" -n 6 \
-   --report rep_all > "$R/run_all.log" 2>&1; echo "exit $?" >> "$R/run_all.log"; python3 -m attnverify.cli report rep_all >/dev/null 2>&1;
+(timeout "$T" python3 -m attnverify.cli run --adapter "$OTHERS" --profile thorough --max-examples "${MAX_ALL:-12}" -n "${ALL_WORKERS:-5}" \
+   --report rep_all > "$R/run_all.log" 2>&1; echo "exit $?" >> "$R/run_all.log"; timeout 60 python3 -m attnverify.cli report rep_all >/dev/null 2>&1;
  tar czf "$R/rep_all.tgz" rep_all) &
-(timeout "$T" python3 -m attnverify.cli run --adapter triton --profile thorough --max-examples "${MAX_TRITON:-60}" -n 4 \
-   --report rep_triton > "$R/run_triton.log" 2>&1; echo "exit $?" >> "$R/run_triton.log"; python3 -m attnverify.cli report rep_triton >/dev/null 2>&1;
+(timeout "$T" python3 -m attnverify.cli run --adapter triton --profile thorough --max-examples "${MAX_TRITON:-60}" -n "${TRITON_WORKERS:-4}" \
+   --report rep_triton > "$R/run_triton.log" 2>&1; echo "exit $?" >> "$R/run_triton.log"; timeout 60 python3 -m attnverify.cli report rep_triton >/dev/null 2>&1;
  tar czf "$R/rep_triton.tgz" rep_triton) &
+for spec in ${CAL_ADAPTERS:-}; do  # adapter:dtype
+  a=${spec%%:*}; dt=${spec##*:}
+  (timeout $((T + 30)) python3 benchmarks/calibrate_tolerances.py --adapters "$a" --dtypes "$dt" --n 1000 --seed "${CAL_SEED:-1}" \
+     --budget-s $((T - 40)) --json "$R/cal_${a}_${dt}.json" > "$R/cal_${a}_${dt}.log" 2>&1) &
+done
 wait
 tail -n 3 "$R/tests_gpu.log" "$R/run_all.log" "$R/run_triton.log"

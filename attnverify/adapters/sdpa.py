@@ -103,6 +103,11 @@ def _refuses(backend: str):
             return f"sdpa-{backend} needs a contiguous last dimension (No available kernel otherwise)"
         if case.q.is_cuda and backend in ("flash", "cudnn") and case.spec.causal != "none" and lq != lk:
             return f"sdpa-{backend} on CUDA refuses causal with Lq != Lk"
+        m = case.spec.attn_mask
+        if case.q.is_cuda and backend == "efficient" and m is not None and lk > 1 and (m.shape[-1] != lk or m.stride(-1) != 1):
+            # measured on the H200 (torch 2.11): a mask broadcast along the keys, e.g. (B, 1, Lq, 1), raises
+            # "(*bias): last dimension must be contiguous" in the forced efficient backend
+            return "sdpa-efficient on CUDA raises for a mask broadcast along the keys (last dimension not contiguous)"
         if case.q.is_cuda and backend == "cudnn" and lk == 1:
             return "sdpa-cudnn on CUDA refuses Lk == 1 (No available kernel)"
         if case.q.is_cuda and case.spec.causal == "bottom_right" and lq > lk and backend in ("efficient", "default"):

@@ -27,7 +27,7 @@ def _bwd_preprocess(
     stride_doz, stride_doh, stride_dom, stride_dok,
     stride_dlz, stride_dlh, stride_dlm,
     H, seq_q,
-    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+    HEAD_DIM_V, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     off_zh = tl.program_id(1)
@@ -53,7 +53,7 @@ def _bwd_preprocess(
 def _dkdv_inner(dk, dv, k, v, q_base, do_base, LSE, DELTA, row_base, lo, hi,
                 stride_qm, stride_qk, stride_dom, stride_dok, offs_n, offs_d, offs_dv, seq_q, seq_k,
                 diag_off, causal_off, win_left, win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
-                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, MASK: tl.constexpr,
+                BLOCK_M: tl.constexpr, HEAD_DIM, HEAD_DIM_V, MASK: tl.constexpr,
                 IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                 UPCAST: tl.constexpr, IEEE: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
@@ -91,7 +91,8 @@ def _bwd_dkdv(
     stride_az, stride_ah,
     H, HK, GROUP, seq_q_arg, seq_k_arg, total_q,
     scale, qk_scale, softcap_scale, softcap_c2, win_left, win_right,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HEAD_DIM, HEAD_DIM_V, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, CAUSAL_BR: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -115,8 +116,6 @@ def _bwd_dkdv(
         b_idx = off_z
     if start_n * BLOCK_N >= seq_k:
         return
-    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    EVEN_DV: tl.constexpr = HEAD_DIM_V == BLOCK_DV
     diag_off = seq_k - seq_q
     if CAUSAL_BR:
         causal_off = diag_off
@@ -187,8 +186,8 @@ def _bwd_dkdv(
 @triton.jit
 def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, stride_kn, stride_kk, stride_vn, stride_vk,
               offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left, win_right, slope,
-              scale, qk_scale, softcap_scale, softcap_c2, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-              HEAD_DIM_V: tl.constexpr, MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+              scale, qk_scale, softcap_scale, softcap_c2, BLOCK_N: tl.constexpr, HEAD_DIM,
+              HEAD_DIM_V, MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -220,7 +219,8 @@ def _bwd_dq(
     stride_az, stride_ah,
     H, GROUP, seq_q_arg, seq_k_arg, total_q,
     scale, qk_scale, softcap_scale, softcap_c2, win_left, win_right,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HEAD_DIM, HEAD_DIM_V, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, CAUSAL_BR: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, IS_VARLEN: tl.constexpr,

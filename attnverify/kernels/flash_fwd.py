@@ -102,7 +102,7 @@ def _scores(qk, ii, jj, seq_k, diag_off, causal_off, win_left, win_right, slope,
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
                lo, hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left, win_right, slope,
                scale, qk_scale, softcap_scale, softcap_c2,
-               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+               BLOCK_N: tl.constexpr, HEAD_DIM, HEAD_DIM_V,
                EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, MASK: tl.constexpr,
                IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                HAS_ALIBI: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
@@ -155,7 +155,8 @@ def _attn_fwd(
     stride_az, stride_ah,
     H, GROUP, seq_q_arg, seq_k_arg,
     scale, qk_scale, softcap_scale, softcap_c2, win_left, win_right,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HEAD_DIM, HEAD_DIM_V, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, CAUSAL_BR: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -180,8 +181,6 @@ def _attn_fwd(
         b_idx = off_z
     if start_m * BLOCK_M >= seq_q:
         return
-    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    EVEN_DV: tl.constexpr = HEAD_DIM_V == BLOCK_DV
     diag_off = seq_k - seq_q
     if CAUSAL_BR:
         causal_off = diag_off

@@ -40,10 +40,11 @@ class Config:
 INTERPRETER_CONFIG = Config(64, 64, bwd_block_m=64, bwd_block_n=64)
 
 
-def default_config(head_dim: int, dtype: torch.dtype, device_type: str) -> Config:
+def default_config(head_dim: int, dtype: torch.dtype, device_type: str, head_dim_v: Optional[int] = None) -> Config:
     if device_type != "cuda" or interpreting():
         return INTERPRETER_CONFIG
-    bd = max(16, triton_next_pow2(head_dim))
+    # the larger of D and Dv sets the tiles: D = 96 with Dv = 160 asked 241 KiB of shared memory (H200: 227)
+    bd = max(16, triton_next_pow2(max(head_dim, head_dim_v or head_dim)))
     if dtype == torch.float32:
         if bd <= 64:
             return Config(64, 32, 4, 3, 32, 64, 4, 2)
@@ -55,6 +56,13 @@ def default_config(head_dim: int, dtype: torch.dtype, device_type: str) -> Confi
     if bd <= 128:
         return Config(64, 64, 4, 3, 64, 128, 8, 3)
     return Config(64, 32, 4, 2, 32, 64, 4, 1)
+
+
+def _head_dims(p) -> dict:
+    """Head dims are runtime arguments (masks only), so D = 72 and 80 share one compiled kernel; the
+    padded tiles and whether padding exists are compile-time."""
+    bd, bdv = max(16, triton_next_pow2(p.d)), max(16, triton_next_pow2(p.dv))
+    return dict(HEAD_DIM=p.d, HEAD_DIM_V=p.dv, BLOCK_D=bd, BLOCK_DV=bdv, EVEN_D=p.d == bd, EVEN_DV=p.dv == bdv)
 
 
 def triton_next_pow2(n: int) -> int:
@@ -162,7 +170,7 @@ def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[i
             num_warps: Optional[int] = None, num_stages: Optional[int] = None, prep: Optional[Prepared] = None):
     """Returns (out, lse, prep): out (B, Hq, Lq, Dv) in q's dtype, lse (B, Hq, Lq) float32 natural log."""
     p = prep or prepare(q, k, v, spec)
-    cfg = default_config(p.d, q.dtype, q.device.type)
+    cfg = default_config(p.d, q.dtype, q.device.type, p.dv)
     bm, bn = block_m or cfg.block_m, block_n or cfg.block_n
     nw, ns = num_warps or cfg.num_warps, num_stages or cfg.num_stages
     out = torch.empty(p.b, p.hq, p.lq, p.dv, device=q.device, dtype=q.dtype)
@@ -177,8 +185,7 @@ def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[i
         p.stride_az, p.stride_ah,
         p.hq, p.hq // p.hkv, p.lq, p.lk,
         p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
-        HEAD_DIM=p.d, HEAD_DIM_V=p.dv, BLOCK_D=max(16, triton_next_pow2(p.d)), BLOCK_DV=max(16, triton_next_pow2(p.dv)),
-        BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns, **p.flags,
+        **_head_dims(p), BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns, **p.flags,
     )
     return out, lse, p
 
@@ -187,7 +194,7 @@ def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = 
              num_warps: Optional[int] = None, num_stages: Optional[int] = None, prep: Optional[Prepared] = None):
     """Returns (dq, dk, dv) in the inputs' dtype. d_lse may be None."""
     p = prep or prepare(q, k, v, spec)
-    cfg = default_config(p.d, q.dtype, q.device.type)
+    cfg = default_config(p.d, q.dtype, q.device.type, p.dv)
     bm, bn = block_m or cfg.bwd_block_m, block_n or cfg.bwd_block_n
     nw, ns = num_warps or cfg.bwd_warps, num_stages or cfg.bwd_stages
     dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
@@ -200,7 +207,6 @@ def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = 
         # rows outside every segment (if cu_seqlens do not cover the pack) get no program
         dq.zero_(); dk.zero_(); dv.zero_()
     bdv = max(16, triton_next_pow2(p.dv))
-    bd = max(16, triton_next_pow2(p.d))
     delta = torch.empty(p.b, p.hq, p.lq, device=q.device, dtype=torch.float32)
     pre_m = 64
     dl = d_lse if d_lse is not None else delta
@@ -212,7 +218,7 @@ def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = 
     slopes = p.slopes if p.slopes is not None else delta
     cu_q = p.cu_q if p.cu_q is not None else delta
     cu_k = p.cu_k if p.cu_k is not None else delta
-    common = dict(HEAD_DIM=p.d, HEAD_DIM_V=p.dv, BLOCK_D=bd, BLOCK_DV=bdv, num_warps=nw, num_stages=ns, **p.flags)
+    common = dict(**_head_dims(p), num_warps=nw, num_stages=ns, **p.flags)
     flash_bwd._bwd_dkdv[(triton.cdiv(p.max_k, bn), p.n_batch * p.hkv)](
         q, k, v, d_out, lse, delta, dk, dv, slopes, cu_q, cu_k,
         *q.stride(), *k.stride(), *v.stride(), *d_out.stride(), *dk.stride(), *dv.stride(),
