@@ -41,6 +41,7 @@ from collections import defaultdict
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
+from .devices import cuda_present
 
 DTYPE_ALIASES = {
     "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "half": "float16", "float16": "float16",
@@ -312,8 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _device(pref: str) -> str:
     if pref == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if pref == "cuda" and not torch.cuda.is_available():
+        return "cuda" if cuda_present() else "cpu"
+    if pref == "cuda" and not cuda_present():
         raise _usage("--device cuda: no CUDA device is present here")
     return pref
 

@@ -15,6 +15,7 @@ import os
 import sys
 import traceback
 from typing import List, Optional
+from .devices import cuda_present
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -42,7 +43,7 @@ def _gpu_present() -> bool:
     try:
         import torch
 
-        return bool(torch.cuda.is_available())
+        return bool(cuda_present())
     except Exception:
         return False
 

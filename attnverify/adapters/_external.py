@@ -6,8 +6,7 @@ Availability of a GPU library is decided in three steps, cheapest first, and the
 for the life of the process:
 
 1. `importlib.util.find_spec` -- is the package installed at all? ("not installed: pip install ...")
-2. `torch.cuda.is_available()` -- NVML based under the plugin (PYTORCH_NVML_BASED_CUDA_CHECK=1), so
-   it creates no CUDA context ("no CUDA device").
+2. `cuda_present()` (attnverify.devices) -- asks NVML, so it creates no CUDA context ("no CUDA device").
 3. a probe in a *separate* Python process (`probe(...)`): it imports the library and, where cheap,
    runs one tiny call on the GPU. A library whose binary does not match this torch, whose operators
    fail to load (xformers' NotImplementedError "No operator found"), or whose import crashes the
@@ -26,6 +25,8 @@ import sys
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
+
+from ..devices import cuda_present
 
 _CACHE: Dict[str, Optional[str]] = {}
 
@@ -55,10 +56,6 @@ def installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a broken parent package
         return False
-
-
-def cuda_present() -> bool:
-    return torch.cuda.is_available()  # NVML based under the plugin: no CUDA context
 
 
 def probe(key: str, body: str, *, timeout: Optional[float] = None) -> Tuple[bool, str, dict]:

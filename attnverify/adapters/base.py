@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 import torch
 
 from ..spec import CAUSAL_MODES, FULLY_MASKED_MODES
+from ..devices import cuda_present
 
 KNOWN_DTYPES = ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2")
 KNOWN_DEVICES = ("cpu", "cuda")
@@ -159,7 +160,7 @@ def _device_present(dev: str) -> bool:
     if dev == "cpu":
         return True
     if dev == "cuda":
-        return torch.cuda.is_available()  # does not initialise a context
+        return cuda_present()  # NVML: no CUDA context, fork stays safe
     return False
 
 

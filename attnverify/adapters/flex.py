@@ -52,9 +52,10 @@ import torch
 
 from ..spec import Output, Spec
 from ._external import segments, version_tuple
+from ..devices import cuda_present
 from .base import adapter
 
-_CUDA = torch.cuda.is_available()
+_CUDA = cuda_present()
 _TORCH = version_tuple(torch.__version__)
 # Captured tensors are padded to powers of two (at least these), so their sizes are static even
 # when the inputs' are symbolic: see _compiled for the inductor bug this avoids.

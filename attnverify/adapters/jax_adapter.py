@@ -52,13 +52,14 @@ from typing import Optional
 import torch
 
 from ..spec import Output, Spec
+from ..devices import cuda_present
 from ._external import probe, segments
 from .base import adapter
 
 _CUDA_PLUGIN = any(importlib.util.find_spec(m) is not None for m in ("jax_cuda12_plugin", "jax_cuda13_plugin")) \
     if importlib.util.find_spec("jax") is not None else False
-_IMPL = os.environ.get("ATTNVERIFY_JAX_IMPLEMENTATION") or ("cudnn" if (torch.cuda.is_available() and _CUDA_PLUGIN) else "xla")
-_ON_GPU = torch.cuda.is_available() and _CUDA_PLUGIN
+_IMPL = os.environ.get("ATTNVERIFY_JAX_IMPLEMENTATION") or ("cudnn" if (cuda_present() and _CUDA_PLUGIN) else "xla")
+_ON_GPU = cuda_present() and _CUDA_PLUGIN
 _AVAIL: dict = {}
 
 _PROBE = r"""

@@ -19,6 +19,7 @@ import torch
 from ..spec import Spec
 from .base import Adapter, Claims, _validate_claims
 from .registry import register_adapter
+from ..devices import cuda_present
 
 _ALL_CAUSAL = ("none", "top_left", "bottom_right")
 
@@ -62,7 +63,7 @@ def _torch_version():
 
 
 def _claims(backend: str) -> Claims:
-    cuda = torch.cuda.is_available()
+    cuda = cuda_present()
     base = dict(
         devices=("cuda",) if cuda else ("cpu",),
         head_dims=lambda d: 1 <= d <= 512,
@@ -87,7 +88,7 @@ def _availability(backend: str):
             return None
         if not hasattr(torch.nn, "attention") or not hasattr(torch.nn.attention, "sdpa_kernel"):
             return f"torch {torch.__version__} has no torch.nn.attention.sdpa_kernel (needs 2.3+)"
-        if torch.cuda.is_available():
+        if cuda_present():
             return None
         if backend in ("efficient", "cudnn"):
             return f"SDPA's {backend} backend exists only on CUDA and no GPU is present"
@@ -169,7 +170,7 @@ _CPU_FLASH_FINDINGS = {
 
 
 def _known_failures(backend: str) -> dict:
-    if torch.cuda.is_available():
+    if cuda_present():
         return {}
     # PyTorch's own dispatch picks the flash kernel on the CPU for these cases
     return dict(_CPU_FLASH_FINDINGS) if backend in ("flash", "default") else {}

@@ -22,8 +22,9 @@ import torch
 
 from ..spec import Output, Spec
 from .base import adapter
+from ..devices import cuda_present
 
-_CUDA = torch.cuda.is_available()  # does not initialise a context
+_CUDA = cuda_present()  # NVML: no CUDA context, fork stays safe
 _TILES = (64, 64)  # kernels.launch.default_config / INTERPRETER_CONFIG
 
 # Without a GPU the kernels can only run under the interpreter, which Triton reads when it is first

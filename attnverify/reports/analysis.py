@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from .heatmap import heatmap_data_uri
+from ..devices import cuda_present
 
 RERUN_STATUSES = ("failed",)  # crashed/timeout would take the renderer down with them; error has no tensors
 MAX_TILES = 64
@@ -32,7 +33,7 @@ def _adapter(name: str):
 def _case(case_dict: Optional[dict], case_file: Optional[str]):
     from ..case import CaseRecipe, build_case, load_case
 
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = "cuda" if cuda_present() else "cpu"
     try:
         if case_dict and case_dict.get("recipe"):
             r = CaseRecipe.from_dict(dict(case_dict["recipe"]))

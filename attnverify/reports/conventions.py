@@ -9,11 +9,12 @@ import math
 from typing import Dict
 
 import torch
+from ..devices import cuda_present
 
 
 def _pick(adapter):
     c = adapter.claims
-    dev = "cpu" if "cpu" in c.devices else ("cuda" if "cuda" in c.devices and torch.cuda.is_available() else None)
+    dev = "cpu" if "cpu" in c.devices else ("cuda" if "cuda" in c.devices and cuda_present() else None)
     dt = next((d for d in ("float32", "float16", "bfloat16", "float64") if d in c.dtypes), None)
     hd = next((d for d in (32, 64, 16, 128) if c.head_dim_ok(d)), None)
     return dev, dt, hd

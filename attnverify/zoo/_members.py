@@ -14,6 +14,7 @@ import torch
 from ..adapters.base import Adapter, adapter
 from ._eager import SPLIT_KV, attend, buggy_grad
 from ._triton_wrong import BLOCK_M, BLOCK_N, triton_unavailable, zoo_flash_forward
+from ..devices import cuda_present
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class ZooMember:
         return self.adapter.unavailable_reason()
 
 
-_CUDA = torch.cuda.is_available()
+_CUDA = cuda_present()
 
 # A Triton FlashAttention-2 forward (tutorial-derived): half and fp32 inputs, power-of-two head
 # dims, SDPA's top-left causal, GQA, LSE out, one fixed tile config, no masks, forward only.

@@ -32,6 +32,7 @@ import threading
 import torch
 
 from ..spec import Output, Spec
+from ..devices import cuda_present
 
 BLOCK_M = 64
 BLOCK_N = 32
@@ -55,7 +56,7 @@ def triton_unavailable():
 
 
 def _interpreting() -> bool:
-    return not torch.cuda.is_available()
+    return not cuda_present()
 
 
 def _kernel():

@@ -26,6 +26,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
+from ..devices import cuda_present
 
 # properties whose failure may lie in the backward pass only (the re-check then includes gradients)
 _BACKWARD_PROPS = ("gradients_match_reference", "fully_masked_rows", "gqa_equals_repeated_kv")
@@ -254,7 +255,7 @@ def _interpreter_on() -> None:
     triton is first imported (triton reads TRITON_INTERPRET at import as well as at @jit)."""
     import torch
 
-    if not torch.cuda.is_available() and "triton" not in sys.modules:
+    if not cuda_present() and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
