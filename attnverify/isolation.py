@@ -118,6 +118,7 @@ class SubprocessRunner:
         self._child_keys: frozenset = frozenset()
         self._fault_path: Optional[str] = None
         self._last_fault = ""
+        self.in_process_fallback = 0  # examples judged here because CUDA was already initialised here
         self.restarts = 0  # children started after the first (crashes, timeouts, new objects)
         self.started = 0
 
@@ -186,6 +187,16 @@ class SubprocessRunner:
         return self.timeout * max(1.0, float(getattr(prop, "cost", 1.0)))
 
     def __call__(self, prop, adapter, drawn) -> ExampleResult:
+        if self._proc is None and cuda_initialised():
+            # a child forked now could not use CUDA ("Cannot re-initialize CUDA in forked subprocess"):
+            # judge in this process, without crash isolation, and say so once
+            if not self.in_process_fallback:
+                import warnings
+
+                warnings.warn("attnverify: CUDA was initialised in the process that drives the examples, so they "
+                              "are judged in it without crash isolation (a crash ends the run)", RuntimeWarning, 2)
+            self.in_process_fallback += 1
+            return InProcessRunner()(prop, adapter, drawn)
         pk, ak = id(prop), id(adapter)
         self._objects.setdefault(pk, prop)
         self._objects.setdefault(ak, adapter)

@@ -115,3 +115,30 @@ def test_in_process_runner_and_factory():
     with pytest.raises(ValueError):
         make_runner("threads")
     assert signal_name(signal.SIGSEGV).startswith("SIGSEGV")
+
+
+def test_cuda_initialised_here_judges_in_process_with_a_warning(runner, monkeypatch):
+    # forking a process whose CUDA is initialised gives children that cannot use CUDA: on the H200
+    # every isolated example failed so; the runner judges in this process instead, and warns once
+    import attnverify.isolation as iso
+
+    monkeypatch.setattr(iso, "cuda_initialised", lambda: True)
+    with pytest.warns(RuntimeWarning, match="without crash isolation"):
+        r1 = runner(Act(), Adapter(), {"do": "pid"})
+    r2 = runner(Act(), Adapter(), {"do": "pid"})
+    assert r1.passed and r1.message == r2.message == str(os.getpid())
+    assert runner.in_process_fallback == 2 and runner.pid is None
+
+
+def test_cuda_present_asks_nvml_not_the_runtime(monkeypatch):
+    # torch.cuda.is_available() runs cudaGetDeviceCount, which poisons fork; device_count() asks NVML
+    import torch
+
+    from attnverify.devices import cuda_present
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: (_ for _ in ()).throw(AssertionError("poisons fork")))
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert cuda_present() is True
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert cuda_present() is False
