@@ -101,9 +101,16 @@ def cmd_run(ns, extra: List[str]) -> int:
 
     args = pytest_args_for_run(ns, extra)
     print("attnverify run: pytest " + " ".join(args), flush=True)
+    before = os.environ.get("ATTNVERIFY_NO_HTML")
     if ns.no_html:  # the plugin renders reports/index.html at the end of the session unless told not to
         os.environ["ATTNVERIFY_NO_HTML"] = "1"
-    code = int(pytest.main(args))
+    try:
+        code = int(pytest.main(args))
+    finally:  # called in-process (tests, notebooks): a later session in this process renders again
+        if before is None:
+            os.environ.pop("ATTNVERIFY_NO_HTML", None)
+        else:
+            os.environ["ATTNVERIFY_NO_HTML"] = before
     return {0: EXIT_OK, 1: EXIT_FAILED, 4: EXIT_USAGE, 5: EXIT_USAGE}.get(code, EXIT_INTERNAL)
 
 
