@@ -199,6 +199,25 @@ def test_claims_are_what_the_kernel_does():
     assert triton_adapter.unavailable_reason() is None
 
 
+def _smem_fwd_bwd(cfg, bd: int, bdv: int, elem: int) -> int:
+    """Shared memory the pipelined tiles need, roughly as Triton allocates it (operand tiles per stage)."""
+    fwd = (cfg.block_m * bd + cfg.num_stages * cfg.block_n * (bd + bdv)) * elem
+    bwd = (cfg.bwd_block_n * (bd + bdv) + cfg.bwd_stages * cfg.bwd_block_m * (bd + bdv)) * elem
+    return max(fwd, bwd)
+
+
+@pytest.mark.parametrize("d,dv", [(96, 160), (160, 96), (128, 128), (256, 256), (40, 256)])
+def test_gpu_tiles_follow_the_larger_head_dim(monkeypatch, d, dv):
+    # D = 96 with Dv = 160 got the D <= 128 tiles and asked 241 KiB of shared memory on the H200 (227 KiB)
+    from attnverify.kernels import launch
+
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    cfg = launch.default_config(d, torch.float16, "cuda", dv)
+    assert cfg == launch.default_config(max(d, dv), torch.float16, "cuda")
+    bd, bdv = launch.triton_next_pow2(d), launch.triton_next_pow2(dv)
+    assert _smem_fwd_bwd(cfg, bd, bdv, 2) <= 227 * 1024
+
+
 def test_import_hygiene():
     code = ("import sys, attnverify, attnverify.kernels, attnverify.adapters.triton_adapter\n"
             "assert 'triton' not in sys.modules, 'importing attnverify imported triton'\n")
