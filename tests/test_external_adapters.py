@@ -265,11 +265,9 @@ needs_jax = pytest.mark.skipif(not HAS_JAX, reason="jax is not installed (pip in
 # Property failures that are about a property's reach, not about the adapter (docs/compatibility.md,
 # "Findings"); findings about a library are declared on its adapter (known_failures). Non-strict: a
 # short search may or may not reach them.
-KNOWN = {
-    ("jax", "nonfinite_inputs_propagate"):
-        "F6: an Inf in q can make all of a row's scores -inf; the reference calls that row fully masked (0), "
-        "JAX's softmax gives NaN, and jax declares fully-masked rows unsupported",
-}
+# (F6, jax's NaN on rows whose scores an Inf made all -inf, was one until nonfinite_inputs_propagate
+# applied the declared fully_masked convention to such rows.)
+KNOWN: dict = {}
 
 
 def _run_profile(name, prop, tmp_path, max_examples=None):

@@ -142,3 +142,30 @@ def test_cuda_present_asks_nvml_not_the_runtime(monkeypatch):
     assert cuda_present() is True
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert cuda_present() is False
+
+
+def test_the_driving_process_never_asks_torch_cuda_is_available(tmp_path):
+    # torch.cuda.is_available() runs cudaGetDeviceCount, and a process that has called it can no longer
+    # fork children that use CUDA: on the H200 every isolated judge failed so. The run's own process
+    # (imports, adapter listing, strategies, the driver) must ask through attnverify.devices instead.
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys, torch\n"
+        "PARENT = os.getpid()\n"
+        "def guard(*a, **k):\n"
+        "    if os.getpid() == PARENT:\n"
+        "        raise AssertionError('torch.cuda.is_available() called in the driving process')\n"
+        "    return False\n"
+        "torch.cuda.is_available = guard\n"
+        "from attnverify import cli\n"
+        "sys.exit(cli.main(['run', '--adapter', 'naive,sdpa-math,triton', '--max-examples', '1', '--no-html', '-q',\n"
+        "                   '-k', 'forward_matches_reference or contract']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "ATTNVERIFY_"))}
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    assert "called in the driving process" not in out, out[-3000:]
+    assert p.returncode == 0, out[-3000:]
+    assert "passed" in out

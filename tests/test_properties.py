@@ -134,3 +134,35 @@ def test_row_shift_invariance_rejects_a_softmax_without_max_subtraction(tmp_path
     # and the same property passes the correct eager kernel on those draws
     run_property(get_property("row_shift_invariance"), get("naive"), profile="ci", seed=0, max_examples=10,
                  database=None, report_dir=str(tmp_path))
+
+
+def test_nonfinite_inputs_honour_the_declared_fully_masked_convention():
+    # k = +inf against a query with a negative component leaves that row with every score -inf: the
+    # reference calls it fully masked (out 0). An adapter declaring such rows unsupported (JAX gives NaN,
+    # docs/compatibility.md F6) is not judged on them; the same numbers declared as "zeros" fail.
+    import torch
+
+    import attnverify as av
+
+    def softmax_nan(q, k, v, spec):  # plain softmax: a row of all -inf scores gives NaN
+        s = (q.float() @ k.float().transpose(-1, -2)) * spec.resolved_scale(q.shape[-1])
+        return (torch.softmax(s, -1) @ v.float()).to(q.dtype)
+
+    claims = dict(dtypes=("float32",), devices=("cpu",), head_dims=lambda d: d <= 64, gqa=False)
+    unsupported = av.adapter("nan-rows-unsupported", register=False, fully_masked="unsupported", **claims)(softmax_nan)
+    zeros = av.adapter("nan-rows-as-zeros", register=False, fully_masked="zeros", **claims)(softmax_nan)
+    prop = get_property("nonfinite_inputs_propagate")
+    for seed in range(20):
+        r = av.CaseRecipe(len_q=6, len_k=1, head_dim=8, seed=seed, poison=(("k", 0, 0, 0, 0, "inf"),))
+        case = av.build_case(r)
+        if bool((case.q[0, 0, :, 0] < 0).any()) and bool((case.q[0, 0, :, 0] > 0).any()):
+            break
+    from attnverify.reference import reference_forward
+
+    fm = torch.isneginf(reference_forward(case.q, case.k, case.v, case.spec).lse)[0, 0]
+    assert fm.any() and softmax_nan(case.q, case.k, case.v, case.spec)[0, 0][fm].isnan().all()
+    ok = prop.judge(unsupported, case, {})
+    assert ok.passed, ok.message
+    bad = prop.judge(zeros, case, {})
+    assert not bad.passed and "NaN/Inf" in bad.message, bad.message
+    assert prop.judge(get("naive"), case, {}).passed
