@@ -28,7 +28,7 @@ import time
 import traceback
 from typing import Any, Dict, Optional
 
-from .properties.base import ExampleResult
+from .properties.base import ExampleResult, device_fault
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -103,6 +103,8 @@ def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None)
         except Exception as e:  # unpicklable records: send what can be sent
             d = {**d, "records": [], "message": (d.get("message") or "") + f"\n(records dropped: {e})"}
             conn.send(d)
+        if device_fault(d.get("message") or ""):
+            break  # this process's CUDA context is lost: the next example gets a fresh child
 
 
 class SubprocessRunner:

@@ -215,7 +215,26 @@ def _fp32_only_claim(q, k, v, spec):
     return naive_attention(q.half(), k.half(), v.half(), spec).out.to(q.dtype)
 
 
+def _aligned(*ts) -> bool:
+    return all(t.data_ptr() % 16 == 0 for t in ts)
+
+
+def _faults_on_unaligned(q, k, v, spec):
+    """What PyTorch's CUDA flash kernel did on the H200 (F9): an unaligned pointer ends in a device fault."""
+    if not _aligned(q, k, v):
+        raise RuntimeError("CUDA error: misaligned address")
+    return naive_attention(q, k, v, spec).out
+
+
+def _refuses_unaligned(q, k, v, spec):
+    """A kernel that needs aligned pointers and says so: a refusal, which is fine."""
+    if not _aligned(q, k, v):
+        raise ValueError("q, k and v must be 16-byte aligned")
+    return naive_attention(q, k, v, spec).out
+
+
 WRONG = {
+    "faults_on_unaligned": (lambda: _mk("faults_on_unaligned", _faults_on_unaligned), "no_out_of_bounds"),
     "unwritten_rows": (lambda: _mk("unwritten_rows", _unwritten_rows), "outputs_fully_written"),
     "float64_out": (lambda: _mk("float64_out", _float64_out), "outputs_fully_written"),
     "reads_past_lk": (lambda: _mk("reads_past_lk", _reads_past_lk, attn_mask=False), "no_out_of_bounds"),
@@ -240,6 +259,7 @@ EXPECT_IN_MESSAGE = {
     "stale_after_shapes": "after_other_shapes",
     "batch_dependent": "in_batch",
     "accepts_mismatched_kv": "k and v of different lengths",
+    "faults_on_unaligned": "the device faulted on inputs whose data pointer is not 16-byte aligned",
     "unclaimed_dtype_computes": "that are WRONG",
 }
 
@@ -263,6 +283,17 @@ def test_unwritten_rows_show_the_poison(tmp_path):
         assert poisoned, text
     else:
         assert poisoned or "out: MISMATCH" in text, text
+
+
+def test_refusing_unaligned_inputs_is_not_a_failure():
+    """The unaligned mode of no_out_of_bounds tells a refusal (an error of the adapter's own) from a fault."""
+    prop = get_property("no_out_of_bounds")
+    case = build_case(CaseRecipe(batch=1, heads_q=2, heads_kv=1, len_q=5, len_k=7, head_dim=16))
+    res = prop.judge(_mk("refuses_unaligned", _refuses_unaligned), case, {"mode": "unaligned", "pick": 0})
+    assert res.passed and "refused unaligned inputs" in res.records[0]["note"], res.message
+    res = prop.judge(_mk("faults_on_unaligned", _faults_on_unaligned), case, {"mode": "unaligned", "pick": 0})
+    assert not res.passed and "16-byte aligned" in res.message
+    assert prop.judge(get("naive"), case, {"mode": "unaligned", "pick": 0}).passed  # naive uses them
 
 
 def test_reads_past_lk_is_invisible_without_guards(tmp_path):
@@ -300,6 +331,10 @@ def test_correct_adapters_hold(name, prop, tmp_path):
     p = get_property(prop)
     if p.skip_reason(a):
         pytest.skip(p.skip_reason(a))
+    if CUDA and (name, prop) == ("sdpa-flash", "no_out_of_bounds"):
+        # F9: the fault loses this worker's CUDA context and fails every later test in it (seen on the
+        # H200); `attnverify run` judges it in a child process, where the declared finding shows as known
+        pytest.skip("CUDA flash faults on unaligned inputs (F9, declared known); not run in the test process")
     try:
         _run(prop, a, tmp_path, max_examples=5, use_corpus=False)
     except AssertionError:

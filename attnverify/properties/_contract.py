@@ -45,7 +45,7 @@ from ..spec import Output
 from ..tolerances import tolerance_for
 from . import _props
 from ._props import CaseProperty, MetamorphicProperty, _call
-from .base import ExampleResult, Property
+from .base import ExampleResult, Property, device_fault
 from ..devices import cuda_present
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -216,17 +216,17 @@ class Guards:
     past the end hits them) and the head dim is padded to the next power of two plus 8; the last dim
     stays unit-stride. mode "flat": the tensor is contiguous, with sentinel runs before and after it in
     the same storage. Both start at a non-zero storage offset that keeps 16-byte alignment (`lead`
-    elements): an offset of 67 fp16 elements crashed PyTorch's CUDA flash kernel with a misaligned
-    address, which poisons the process's CUDA context -- a finding of its own (docs/compatibility.md),
-    not an out-of-bounds access.
+    elements). mode "unaligned" is "flat" one element in: a valid tensor whose data pointer is not
+    16-byte aligned, which an adapter must use or refuse with an error, never fault on (PyTorch's CUDA
+    flash kernel faulted with a misaligned address, docs/compatibility.md F9).
     """
 
     def __init__(self, mode: str = "padded", pad_rows: int = 128, lead: int = 64):
-        if mode not in ("padded", "flat"):
-            raise ValueError(f"Guards(mode={mode!r}): use 'padded' or 'flat'")
+        if mode not in ("padded", "flat", "unaligned"):
+            raise ValueError(f"Guards(mode={mode!r}): use 'padded', 'flat' or 'unaligned'")
         self.mode = mode
         self.pad_rows = int(pad_rows)
-        self.lead = int(lead)
+        self.lead = 1 if mode == "unaligned" else int(lead)  # unaligned: "flat" one element in, not 16-byte aligned
         self.items: List[Tuple[str, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def wrap(self, name: str, t: torch.Tensor) -> torch.Tensor:
@@ -427,11 +427,13 @@ class NoOutOfBounds(CaseProperty):
     doc = ("No out-of-bounds reads or writes: q, k, v (and dO in backward) are views into larger buffers "
            "whose surroundings hold NaN and huge values, a tile past the end and padding past the head dim; "
            "the result must still match the reference and the surroundings must be unchanged; in a varlen "
-           "pack, NaN/huge keys and values of one segment must not reach any other segment's rows.")
+           "pack, NaN/huge keys and values of one segment must not reach any other segment's rows. Views one "
+           "element into a buffer (not 16-byte aligned) must be used or refused with an error, never fault.")
     case_kwargs = dict(dropout=False, poison=False, layouts=("contiguous",))
 
     def params(self, adapter):
-        return st.fixed_dictionaries({"mode": st.sampled_from(("padded", "flat")), "pick": st.integers(0, 2**16)})
+        return st.fixed_dictionaries({"mode": st.sampled_from(("padded", "flat", "unaligned")),
+                                      "pick": st.integers(0, 2**16)})
 
     def default_params(self):
         return {"mode": "padded", "pick": 1}
@@ -449,6 +451,15 @@ class NoOutOfBounds(CaseProperty):
                                      v=probe.wrap("v", case.v))
             if unclaimed(adapter, gc) is not None:
                 mode = "flat"
+        if mode == "unaligned":  # an adapter may declare (refuses=) that it takes no unaligned pointer
+            probe = Guards("unaligned", pad_rows=1)
+            gc = dataclasses.replace(case, q=probe.wrap("q", case.q), k=probe.wrap("k", case.k),
+                                     v=probe.wrap("v", case.v))
+            why = unclaimed(adapter, gc)
+            if why is not None:
+                return ExampleResult(True, "", severity=0.0, records=[{"adapter": adapter.name, "status": "passed",
+                                     "comparisons": [], "note": f"declares it refuses unaligned inputs: {why}"}],
+                                     case=case.to_dict())
         guards = Guards(mode, pad_rows=self._pad_rows(adapter))
 
         def dout_guard(g):
@@ -460,8 +471,16 @@ class NoOutOfBounds(CaseProperty):
             return _rewrap(result, _on_backward(_unpack(result)[0], dout_guard))
 
         res = check(_proxy(adapter, fn), case, backward=claims.backward)
+        if mode == "unaligned" and res.status == "error" and not device_fault(res.error or ""):
+            # refusing a pointer it cannot use is the adapter's right; faulting on it is not
+            return ExampleResult(True, "", severity=0.0, records=[{"adapter": adapter.name, "status": "passed",
+                                 "comparisons": [], "note": "refused unaligned inputs: " + (res.error or "")[-300:]}],
+                                 case=case.to_dict())
         out = _from_check(res, case)
         problems = guards.verify()
+        if mode == "unaligned" and device_fault(res.error or ""):
+            problems.append("the device faulted on inputs whose data pointer is not 16-byte aligned (one element "
+                            "into a buffer): such tensors are valid; use them or refuse them with an error")
         header = f"[{adapter.name}] out-of-bounds access ({mode} guards): {case.describe()}"
         if not res.passed and res.status != "error":
             problems.append("the result differs from the reference while the inputs sat between sentinels "

@@ -70,3 +70,13 @@ class Property:
     @property
     def test_name(self) -> str:
         return f"test_{self.name}"
+
+
+_DEVICE_FAULTS = ("CUDA error", "misaligned address", "illegal memory access", "device-side assert",
+                  "unspecified launch failure", "HIP error")
+
+
+def device_fault(text: str) -> bool:
+    """Whether an error text is the device's (a fault that loses the process's CUDA context), not an
+    adapter's own argument check."""
+    return any(f in (text or "") for f in _DEVICE_FAULTS)
