@@ -188,29 +188,34 @@ class SubprocessRunner:
             return None
         return self.timeout * max(1.0, float(getattr(prop, "cost", 1.0)))
 
-    def __call__(self, prop, adapter, drawn) -> ExampleResult:
-        if self._proc is None and cuda_initialised():
-            # a child forked now could not use CUDA ("Cannot re-initialize CUDA in forked subprocess"):
-            # judge in this process, without crash isolation, and say so once
-            if not self.in_process_fallback:
-                import warnings
+    def _in_process(self, prop, adapter, drawn) -> ExampleResult:
+        """A child forked now could not use CUDA ("Cannot re-initialize CUDA in forked subprocess"):
+        judge in this process, without crash isolation, and say so once."""
+        if not self.in_process_fallback:
+            import warnings
 
-                warnings.warn("attnverify: CUDA was initialised in the process that drives the examples, so they "
-                              "are judged in it without crash isolation (a crash ends the run)", RuntimeWarning, 2)
-            self.in_process_fallback += 1
-            return InProcessRunner()(prop, adapter, drawn)
+            warnings.warn("attnverify: CUDA was initialised in the process that drives the examples, so they "
+                          "are judged in it without crash isolation (a crash ends the run)", RuntimeWarning, 3)
+        self.in_process_fallback += 1
+        return InProcessRunner()(prop, adapter, drawn)
+
+    def __call__(self, prop, adapter, drawn) -> ExampleResult:
         pk, ak = id(prop), id(adapter)
         self._objects.setdefault(pk, prop)
         self._objects.setdefault(ak, adapter)
         if self._proc is not None and not ({pk, ak} <= self._child_keys and self._proc.is_alive()):
             self._stop()  # a new property/adapter since the fork (or a dead child): fork afresh
         if self._proc is None:
+            if cuda_initialised():  # checked before every fork, restarts included
+                return self._in_process(prop, adapter, drawn)
             self._start()
         t0 = time.perf_counter()
         try:
             self._conn.send((pk, ak, drawn))
         except (BrokenPipeError, OSError):
             self._stop(kill=True)
+            if cuda_initialised():
+                return self._in_process(prop, adapter, drawn)
             self._start()
             self._conn.send((pk, ak, drawn))
         ready = self._conn.poll(self.timeout_for(prop))
@@ -222,6 +227,9 @@ class SubprocessRunner:
         except (EOFError, OSError, ConnectionResetError):
             code = self._stop(kill=True)
             return self._dead(prop, adapter, drawn, time.perf_counter() - t0, exitcode=code)
+        if device_fault(d.get("message") or ""):
+            self._stop()  # the child exits after a device fault (its CUDA context is lost): wait for it here,
+            # so the next example starts a fresh child instead of being sent to one that is leaving
         return ExampleResult.from_dict(d)
 
     def _dead(self, prop, adapter, drawn, seconds: float, *, timeout: bool = False,

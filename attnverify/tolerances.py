@@ -20,6 +20,7 @@ by tests that must reject zeros, mean(V), a copy of V, uniform attention, shifte
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -114,7 +115,7 @@ def tolerance_for(
     k = BASELINE_FACTOR[output]
     # FLOOR_SCALE widens the rounding of wide types' accumulation, not the score term: scaling both
     # let float32 TF32-rounded scores pass at large |q||k| (tests/test_tolerances.py)
-    fs = (FLOOR_SCALE.get(dtype_name(dtype), 1.0) * u0 + score) / u
+    fs = (FLOOR_SCALE.get(dtype_name(dtype), 1.0) * u0 + score) / u if math.isfinite(u) else 1.0
     norm = NORM_U[output] * u * fs
     if baseline_rel_l2 is not None and baseline_rel_l2 == baseline_rel_l2:  # not NaN
         norm = max(norm, k * float(baseline_rel_l2))

@@ -36,6 +36,8 @@ class Act(Property):
             time.sleep(600)
         if what == "raise":
             raise ValueError("boom in the property")
+        if what == "fault":  # what a CUDA fault looks like from the judge: an error result, context lost
+            return ExampleResult(False, message="RuntimeError: CUDA error: misaligned address", status="error")
         return ExampleResult(False, message="wrong answer", severity=3.0)
 
 
@@ -169,3 +171,16 @@ def test_the_driving_process_never_asks_torch_cuda_is_available(tmp_path):
     assert "called in the driving process" not in out, out[-3000:]
     assert p.returncode == 0, out[-3000:]
     assert "passed" in out
+
+
+def test_after_a_device_fault_the_next_example_gets_a_fresh_child(runner):
+    # the child exits after a device fault (its CUDA context is lost); the next example must not be sent
+    # to the leaving child and reported as its crash
+    p, a = Act(), Adapter()
+    first = runner(p, a, {"do": "pid"}).message
+    for _ in range(5):
+        assert runner(p, a, {"do": "fault"}).status == "error"
+        nxt = runner(p, a, {"do": "pid"})
+        assert nxt.passed and nxt.status != "crashed", nxt.message
+        assert nxt.message != first
+        first = nxt.message

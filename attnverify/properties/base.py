@@ -72,8 +72,9 @@ class Property:
         return f"test_{self.name}"
 
 
-_DEVICE_FAULTS = ("CUDA error", "misaligned address", "illegal memory access", "device-side assert",
-                  "unspecified launch failure", "HIP error")
+_DEVICE_FAULTS = ("CUDA error", "misaligned address", "illegal memory access", "illegal instruction",
+                  "device-side assert", "unspecified launch failure", "HIP error", "Triton Error [CUDA]",
+                  "CUDNN_STATUS_EXECUTION_FAILED", "CUBLAS_STATUS_EXECUTION_FAILED")
 
 
 def device_fault(text: str) -> bool:
