@@ -20,7 +20,8 @@ import triton.language as tl
 from .flash_fwd import LOG2E, _dot, _lowp, _scores
 
 
-@triton.jit
+# head dims only bound masks: not specialised, so D = 72 and 80 share one compiled kernel
+@triton.jit(do_not_specialize=["HEAD_DIM_V"])
 def _bwd_preprocess(
     O, DO, DLSE, DELTA,
     stride_oz, stride_oh, stride_om, stride_ok,
@@ -79,7 +80,8 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, LSE, DELTA, row_base, lo, hi,
     return dk, dv
 
 
-@triton.jit
+# head dims only bound masks: not specialised, so D = 72 and 80 share one compiled kernel
+@triton.jit(do_not_specialize=["HEAD_DIM", "HEAD_DIM_V"])
 def _bwd_dkdv(
     Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
     stride_qz, stride_qh, stride_qm, stride_qk,
@@ -208,7 +210,8 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, stride_kn, stride_
     return dq
 
 
-@triton.jit
+# head dims only bound masks: not specialised, so D = 72 and 80 share one compiled kernel
+@triton.jit(do_not_specialize=["HEAD_DIM", "HEAD_DIM_V"])
 def _bwd_dq(
     Q, K, V, DO, LSE, DELTA, DQ, SLOPES, CU_Q, CU_K,
     stride_qz, stride_qh, stride_qm, stride_qk,
