@@ -184,3 +184,16 @@ def test_after_a_device_fault_the_next_example_gets_a_fresh_child(runner):
         assert nxt.passed and nxt.status != "crashed", nxt.message
         assert nxt.message != first
         first = nxt.message
+
+
+def test_the_fallback_is_checked_before_every_fork(runner, monkeypatch):
+    # a restart (new property object here) forks again: once CUDA is initialised in this process the
+    # runner must judge in-process instead of forking a child that cannot use CUDA
+    import attnverify.isolation as iso
+
+    first = runner(Act(), Adapter(), {"do": "pid"})
+    assert first.passed and first.message != str(os.getpid())  # a child judged it
+    monkeypatch.setattr(iso, "cuda_initialised", lambda: True)
+    with pytest.warns(RuntimeWarning, match="without crash isolation"):
+        again = runner(Act(), Adapter(), {"do": "pid"})  # new objects: the child would be replaced
+    assert again.passed and again.message == str(os.getpid()) and runner.in_process_fallback == 1
