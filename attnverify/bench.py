@@ -41,6 +41,7 @@ from collections import defaultdict
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
+
 from .devices import cuda_present
 
 DTYPE_ALIASES = {

@@ -307,3 +307,10 @@ def test_softcap_score_rounding_is_judged_through_the_cap_and_tf32_is_still_caug
         ok = av.check(sequential_dot, case, backward=False)
         assert ok.status == "passed", ok.message()
         assert av.check(tf32_dot, case, backward=False).status == "failed"
+
+
+def test_an_infinite_score_bound_gives_an_infinite_tolerance_not_nan():
+    # FLOOR_SCALE splits the u-term from the score term as a ratio; inf / inf must not turn the bound
+    # into NaN (every comparison would fail)
+    t = tolerance_for("out", "float32", score_max=math.inf)
+    assert t.norm == math.inf and t.elem_u * t.u == math.inf

@@ -343,6 +343,18 @@ def _with_problems(res: ExampleResult, problems: List[str], header: str, severit
     return res
 
 
+def _in_guards(case: Case, mode: str) -> Case:
+    """The case with q, k, v in (unchecked) guards of `mode`: what the adapter would be handed."""
+    probe = Guards(mode, pad_rows=1)
+    return dataclasses.replace(case, q=probe.wrap("q", case.q), k=probe.wrap("k", case.k), v=probe.wrap("v", case.v))
+
+
+def _refused(adapter, case: Case, note: str) -> ExampleResult:
+    """A passing example where the adapter (declared or at run time) refused the inputs with an error."""
+    return ExampleResult(True, "", severity=0.0, case=case.to_dict(),
+                         records=[{"adapter": adapter.name, "status": "passed", "comparisons": [], "note": note}])
+
+
 def _sync_faults(device) -> bool:
     """Whether synchronising the device raises (an asynchronous fault of the call just made)."""
     if getattr(device, "type", "cpu") != "cuda":
@@ -456,21 +468,13 @@ class NoOutOfBounds(CaseProperty):
     def judge(self, adapter, case, params):
         claims = adapter.claims
         mode = params.get("mode", "padded")
-        if mode == "padded":  # the adapter must accept the padded views (unit-stride last dim)
-            probe = Guards("padded", pad_rows=1)
-            gc = dataclasses.replace(case, q=probe.wrap("q", case.q), k=probe.wrap("k", case.k),
-                                     v=probe.wrap("v", case.v))
-            if unclaimed(adapter, gc) is not None:
-                mode = "flat"
-        if mode == "unaligned":  # an adapter may declare (refuses=) that it takes no unaligned pointer
-            probe = Guards("unaligned", pad_rows=1)
-            gc = dataclasses.replace(case, q=probe.wrap("q", case.q), k=probe.wrap("k", case.k),
-                                     v=probe.wrap("v", case.v))
-            why = unclaimed(adapter, gc)
-            if why is not None:
-                return ExampleResult(True, "", severity=0.0, records=[{"adapter": adapter.name, "status": "passed",
-                                     "comparisons": [], "note": f"declares it refuses unaligned inputs: {why}"}],
-                                     case=case.to_dict())
+        # what the adapter declares (refuses=) about such views: padded ones fall back to flat, and an
+        # adapter may declare that it takes no unaligned pointer
+        why = unclaimed(adapter, _in_guards(case, mode)) if mode in ("padded", "unaligned") else None
+        if why is not None and mode == "padded":
+            mode = "flat"
+        elif why is not None:
+            return _refused(adapter, case, f"declares it refuses unaligned inputs: {why}")
         guards = Guards(mode, pad_rows=self._pad_rows(adapter))
 
         def dout_guard(g):
@@ -492,9 +496,7 @@ class NoOutOfBounds(CaseProperty):
             refused = bool(raised) and all(c.passed or any("backward raised" in p for p in c.problems)
                                            for c in res.comparisons)
             if refused and not faulted:
-                return ExampleResult(True, "", severity=0.0, records=[{"adapter": adapter.name, "status": "passed",
-                                     "comparisons": [], "note": "refused unaligned inputs: " + raised[0][-300:]}],
-                                     case=case.to_dict())
+                return _refused(adapter, case, "refused unaligned inputs: " + raised[0][-300:])
         out = _from_check(res, case)
         problems = guards.verify()
         if faulted:
