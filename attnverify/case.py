@@ -110,6 +110,8 @@ class Case:
     seed: int = 0  # drives the upstream gradient and anything else random in a check
     recipe: Optional[CaseRecipe] = None
     label: str = ""
+    # set only on a probe (build_probe): the device the case stands for while its tensors are on the CPU
+    stands_for: Optional[str] = None
 
     @property
     def dtype(self) -> str:
@@ -117,7 +119,8 @@ class Case:
 
     @property
     def device(self) -> str:
-        return self.q.device.type
+        """The case's device: where its tensors are, or for a probe, the device it stands for."""
+        return self.stands_for or self.q.device.type
 
     @property
     def shapes(self) -> Dict[str, Tuple[int, ...]]:
@@ -346,6 +349,18 @@ def build_case(r: CaseRecipe, *, label: str = "") -> Case:
         max_seqlen_q=max_q, max_seqlen_k=max_k, return_lse=r.return_lse,
     )
     return Case(q, k, v, spec, seed=int(r.seed), recipe=r, label=label)
+
+
+def build_probe(r: CaseRecipe, *, label: str = "") -> Case:
+    """The recipe's case built on the CPU, standing for `r.device` (case.device reports it): what the
+    process that drives the examples may inspect (shapes, strides, alignment, claims) without starting
+    CUDA, which must stay unstarted there for forked judges to use it. Same values and layouts as
+    build_case: both draw on the CPU generator."""
+    cpu = CaseRecipe.from_dict({**r.to_dict(), "device": "cpu"})
+    case = build_case(cpu, label=label)
+    case.recipe = r
+    case.stands_for = r.device
+    return case
 
 
 def _cumsum(xs):

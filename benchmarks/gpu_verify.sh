@@ -5,7 +5,7 @@
 #   - `attnverify run --profile thorough` over every other available adapter, MAX_ALL examples per property
 #   - `attnverify run --adapter triton --profile thorough` with MAX_TRITON examples per property
 #   - optionally calibration (CAL_ADAPTERS, CAL_SEED) beside them, budgeted like the rest
-# Budget each part with T (seconds); PIP_LOG, CAL_DIR, REPORT_T move or bound the side outputs; TESTS=0 skips the tests.
+# TRITON_K (a -k expression) narrows the triton run. Budget each part with T (seconds); PIP_LOG, CAL_DIR, REPORT_T move or bound the side outputs; TESTS=0 skips the tests.
 set -u
 R=${1:-/tmp/gpuverify}; mkdir -p "$R"
 T=${T:-500}
@@ -27,7 +27,7 @@ OTHERS=$(python3 -c "from attnverify.adapters.registry import available_builtins
    --report rep_all > "$R/run_all.log" 2>&1; echo "exit $?" >> "$R/run_all.log"; timeout "${REPORT_T:-60}" python3 -m attnverify.cli report rep_all >/dev/null 2>&1;
  tar czf "$R/rep_all.tgz" rep_all) &
 (timeout "$T" python3 -m attnverify.cli run --adapter triton --profile thorough --max-examples "${MAX_TRITON:-60}" -n "${TRITON_WORKERS:-4}" \
-   --report rep_triton > "$R/run_triton.log" 2>&1; echo "exit $?" >> "$R/run_triton.log"; timeout "${REPORT_T:-60}" python3 -m attnverify.cli report rep_triton >/dev/null 2>&1;
+   ${TRITON_K:+-k "$TRITON_K"} --report rep_triton > "$R/run_triton.log" 2>&1; echo "exit $?" >> "$R/run_triton.log"; timeout "${REPORT_T:-60}" python3 -m attnverify.cli report rep_triton >/dev/null 2>&1;
  tar czf "$R/rep_triton.tgz" rep_triton) &
 [ -n "${CAL_ADAPTERS:-}" ] && mkdir -p "${CAL_DIR:-$R}"
 for spec in ${CAL_ADAPTERS:-}; do  # adapter:dtype

@@ -197,3 +197,40 @@ def test_the_fallback_is_checked_before_every_fork(runner, monkeypatch):
     with pytest.warns(RuntimeWarning, match="without crash isolation"):
         again = runner(Act(), Adapter(), {"do": "pid"})  # new objects: the child would be replaced
     assert again.passed and again.message == str(os.getpid()) and runner.in_process_fallback == 1
+
+
+def test_the_driving_process_builds_no_case_on_the_adapters_device():
+    """The corpus and the strategies' claim filter run in the process that forks the judges. Built on
+    CUDA there, they started CUDA, so on the H200 every example fell back to in-process judging and one
+    device fault took down every later test of that worker (2026-12-03). They build CPU probes that
+    stand for the device; on this CPU-only torch, a case built on "cuda" raises, so the test fails if
+    either path builds one."""
+    from hypothesis import HealthCheck, given, settings
+
+    import attnverify as av
+    from attnverify.properties import PROPERTIES
+
+    seen = []
+
+    def refuses(case):  # makes the strategies' claim filter build a case for every draw
+        seen.append((case.device, case.q.device.type))
+        return None
+
+    def never_called(q, k, v, spec):
+        raise AssertionError("the adapter is not called while drawing")
+
+    cuda_only = av.adapter("cuda-only", register=False, devices=("cuda",), dtypes=("float32",), head_dims=(16, 32),
+                           max_seqlen=64, refuses=refuses)(never_called)
+    for prop in PROPERTIES:
+        if prop.skip_reason(cuda_only) or not hasattr(prop, "kwargs"):
+            continue
+        corpus = prop.examples(cuda_only, "ci", "cuda")
+        assert all(ex["recipe"]["device"] == "cuda" for ex in corpus), prop.name
+
+        @settings(max_examples=3, database=None, suppress_health_check=list(HealthCheck), deadline=None)
+        @given(prop.strategy(cuda_only, "ci", "cuda"))
+        def draw(drawn):
+            assert drawn["recipe"]["device"] == "cuda"
+
+        draw()
+    assert seen and all(s == ("cuda", "cpu") for s in seen), seen[:3]

@@ -100,23 +100,25 @@ def _availability(backend: str):
 def _refuses(backend: str):
     def check(case) -> str | None:
         lq, lk = case.q.shape[2], case.k.shape[2]
+        on_cuda = case.device == "cuda"  # a probe built on the CPU may stand for a CUDA case
         if backend in ("flash", "efficient", "cudnn") and any(t.stride(-1) != 1 for t in (case.q, case.k, case.v)):
             return f"sdpa-{backend} needs a contiguous last dimension (No available kernel otherwise)"
-        if case.q.is_cuda and backend in ("flash", "cudnn") and case.spec.causal != "none" and lq != lk:
+        if on_cuda and backend in ("flash", "cudnn") and case.spec.causal != "none" and lq != lk:
             return f"sdpa-{backend} on CUDA refuses causal with Lq != Lk"
-        if case.q.is_cuda and backend == "flash" and any(t.data_ptr() % 16 for t in (case.q, case.k, case.v)):
-            # measured on the H200 (torch 2.11): a view 67 fp16 elements into a buffer ended the flash kernel
-            # in "CUDA error: misaligned address", which loses the process's CUDA context
-            # (docs/compatibility.md F9); a declared refusal keeps every other property about aligned inputs
-            return "sdpa-flash on CUDA faults on q/k/v that are not 16-byte aligned (F9)"
+        if on_cuda and backend in ("flash", "default") and any(t.data_ptr() % 16 for t in (case.q, case.k, case.v)):
+            # measured on the H200 (torch 2.11): views 1 or 67 fp16 elements into a buffer end the flash kernel
+            # in "CUDA error: misaligned address" (benchmarks/repro_misaligned_sdpa.py), and PyTorch's own
+            # dispatch faulted the same way on a bf16 masked case; the fault loses the process's CUDA context
+            # (docs/compatibility.md F9). A declared refusal keeps every other property about aligned inputs.
+            return f"sdpa{'' if backend == 'default' else '-' + backend} on CUDA faults on q/k/v that are not 16-byte aligned (F9)"
         m = case.spec.attn_mask
-        if case.q.is_cuda and backend == "efficient" and m is not None and lk > 1 and (m.shape[-1] != lk or m.stride(-1) != 1):
+        if on_cuda and backend == "efficient" and m is not None and lk > 1 and (m.shape[-1] != lk or m.stride(-1) != 1):
             # measured on the H200 (torch 2.11): a mask broadcast along the keys, e.g. (B, 1, Lq, 1), raises
             # "(*bias): last dimension must be contiguous" in the forced efficient backend
             return "sdpa-efficient on CUDA raises for a mask broadcast along the keys (last dimension not contiguous)"
-        if case.q.is_cuda and backend == "cudnn" and lk == 1:
+        if on_cuda and backend == "cudnn" and lk == 1:
             return "sdpa-cudnn on CUDA refuses Lk == 1 (No available kernel)"
-        if case.q.is_cuda and case.spec.causal == "bottom_right" and lq > lk and backend in ("efficient", "default"):
+        if on_cuda and case.spec.causal == "bottom_right" and lq > lk and backend in ("efficient", "default"):
             # torch documents lower-right causal with Lq > Lk as unsupported ("will produce NaNs");
             # measured on the H200 (torch 2.11): efficient returns finite garbage on the rows that
             # see no key and wrong dQ/dK elsewhere -- see docs/tolerances.md, "findings"
@@ -174,9 +176,28 @@ _CPU_FLASH_FINDINGS = {
 }
 
 
+# Measured on the H200 (torch 2.11); docs/compatibility.md has each one's shrunk case and standalone repro.
+_CUDNN_DQ_NAN = ("cuDNN's SDPA backward (torch 2.11, H200) returns NaN dQ when every score of a row is far below 0 "
+                 "(row_shift -1000), fp16 and bf16 (docs/compatibility.md F10; benchmarks/repro_cudnn_dq_nan.py)")
+_CUDA_FINDINGS = {
+    "cudnn": {
+        "gradients_match_reference": _CUDNN_DQ_NAN,
+        "outputs_fully_written": _CUDNN_DQ_NAN,  # it compares the gradients too
+        "no_out_of_bounds": "cuDNN's SDPA (torch 2.11, H200) returns wrong outputs, silently, for q/k/v that are not "
+                            "16-byte aligned (docs/compatibility.md F11; benchmarks/repro_misaligned_sdpa.py)",
+    },
+    "default": {  # PyTorch's dispatch picks cuDNN for fp16/bf16 on the H200, mem-efficient for fp32
+        "gradients_match_reference": _CUDNN_DQ_NAN,
+        "outputs_fully_written": _CUDNN_DQ_NAN,
+        "nonfinite_inputs_propagate": "torch 2.11 SDPA on the H200 returns NaN rows where a key holding +inf gives "
+                                      "the query the score -inf (exact output finite), fp32 (docs/compatibility.md F12)",
+    },
+}
+
+
 def _known_failures(backend: str) -> dict:
     if cuda_present():
-        return {}
+        return dict(_CUDA_FINDINGS.get(backend, {}))
     # PyTorch's own dispatch picks the flash kernel on the CPU for these cases
     return dict(_CPU_FLASH_FINDINGS) if backend in ("flash", "default") else {}
 

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, Tuple
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from ..case import MASK_KINDS, CaseRecipe, build_case
+from ..case import MASK_KINDS, CaseRecipe, build_case, build_probe
 from ._args import InvalidArgument, check_choice, check_int, check_order, check_tristate, resolve
 from ._profiles import profile_limits
 from ._shapes import head_dim_candidates, interesting_lengths, seqlens
@@ -409,4 +409,4 @@ def _final_filter(r: CaseRecipe, cfg: _Cfg, fm_ok: bool, fm_force: bool) -> None
     if cfg.adapter.refuses is not None:
         from ..check import unclaimed
 
-        assume(unclaimed(cfg.adapter, build_case(r)) is None)
+        assume(unclaimed(cfg.adapter, build_probe(r)) is None)  # a CPU probe: never start CUDA here

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, List, Optional
 
-from ..case import CaseRecipe, build_case
+from ..case import CaseRecipe, build_probe
 from ._profiles import profile_limits
 
 
@@ -104,7 +104,7 @@ def corpus(adapter, *, profile: str = "dev", device: str = "auto",
         if r is None:
             continue
         try:
-            case = build_case(r)
+            case = build_probe(r)  # on the CPU: the driving process must not start CUDA
         except ValueError:
             continue
         if unclaimed(adapter, case) is not None:
