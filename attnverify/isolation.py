@@ -181,12 +181,14 @@ class SubprocessRunner:
         return None if self._proc is None else self._proc.pid
 
     # -- one example
-    def timeout_for(self, prop) -> Optional[float]:
+    def timeout_for(self, prop, adapter=None) -> Optional[float]:
         """The per-example timeout, scaled by the property's cost in adapter calls per example (a
-        property that calls the adapter a dozen times gets a dozen calls' time)."""
+        property that calls the adapter a dozen times gets a dozen calls' time). An adapter whose
+        calls may legitimately take longer (a cold compile) raises the base with `min_timeout`."""
         if self.timeout is None:
             return None
-        return self.timeout * max(1.0, float(getattr(prop, "cost", 1.0)))
+        base = max(self.timeout, float(getattr(adapter, "min_timeout", None) or 0.0))
+        return base * max(1.0, float(getattr(prop, "cost", 1.0)))
 
     def _in_process(self, prop, adapter, drawn) -> ExampleResult:
         """A child forked now could not use CUDA ("Cannot re-initialize CUDA in forked subprocess"):
@@ -218,7 +220,7 @@ class SubprocessRunner:
                 return self._in_process(prop, adapter, drawn)
             self._start()
             self._conn.send((pk, ak, drawn))
-        ready = self._conn.poll(self.timeout_for(prop))
+        ready = self._conn.poll(self.timeout_for(prop, adapter))
         if not ready:
             self._stop(kill=True)
             return self._dead(prop, adapter, drawn, time.perf_counter() - t0, timeout=True)
@@ -241,8 +243,9 @@ class SubprocessRunner:
         shape = "" if case else f"\ndrawn: {drawn!r}"[:2000]
         if timeout:
             status = "timeout"
-            msg = (f"TIMEOUT: {where} did not finish within {self.timeout_for(prop):g} s (--attn-timeout times the "
-                   f"property's cost); the judging process was killed and restarted{shape}")
+            msg = (f"TIMEOUT: {where} did not finish within {self.timeout_for(prop, adapter):g} s (--attn-timeout, or "
+                   f"the adapter's min_timeout, times the property's cost); the judging process was killed and "
+                   f"restarted{shape}")
         else:
             status = "crashed"
             if exitcode is not None and exitcode < 0:

@@ -234,3 +234,31 @@ def test_the_driving_process_builds_no_case_on_the_adapters_device():
 
         draw()
     assert seen and all(s == ("cuda", "cpu") for s in seen), seen[:3]
+
+
+class Sleep(Property):
+    name = "sleep"
+
+    def run_example(self, adapter, drawn):
+        time.sleep(drawn["s"])
+        return ExampleResult(True)
+
+
+def test_an_adapter_that_compiles_raises_the_timeout_for_itself_only():
+    """flex compiles on a cold cache for minutes on a CPU: it declares min_timeout, so the default
+    --attn-timeout does not kill (and so never caches) its first calls; other adapters keep the default."""
+    import attnverify as av
+
+    slow = av.adapter("compiles", register=False, min_timeout=4.0)(lambda q, k, v, spec: q)
+    plain = av.adapter("plain", register=False)(lambda q, k, v, spec: q)
+    r = SubprocessRunner(timeout=1.0)
+    try:
+        assert r.timeout_for(Sleep(), slow) == 4.0 and r.timeout_for(Sleep(), plain) == 1.0
+        assert r(Sleep(), slow, {"s": 1.5}).passed
+        res = r(Sleep(), plain, {"s": 1.5})
+        assert res.status == "timeout" and "1 s" in res.message
+    finally:
+        r.close()
+    assert SubprocessRunner(timeout=0).timeout_for(Sleep(), slow) is None  # no timeout stays none
+    with pytest.raises(ValueError, match="min_timeout"):
+        av.adapter("bad", register=False, min_timeout=-1)(lambda q, k, v, spec: q)

@@ -129,6 +129,9 @@ class Adapter:
     # bug with its evidence). The property still runs; its failure is reported as a known finding
     # (pytest xfail), and a pass as XPASS, so a fix upstream shows.
     known_failures: Dict[str, str] = field(default_factory=dict)
+    # Seconds one example may take at the least under subprocess isolation, whatever --attn-timeout says:
+    # for adapters whose first call on a new shape compiles (torch.compile'd flex on a CPU: minutes).
+    min_timeout: Optional[float] = None
 
     def __call__(self, q, k, v, spec):
         return self.fn(q, k, v, spec)
@@ -176,10 +179,13 @@ def validate_known_failures(name: str, known) -> Dict[str, str]:
 
 
 def adapter(name: str, *, description: str = "", availability=None, refuses=None, register: bool = True,
-            known_failures: Optional[Dict[str, str]] = None, **claims):
+            known_failures: Optional[Dict[str, str]] = None, min_timeout: Optional[float] = None, **claims):
     """Decorator: declare an attention implementation and what it claims (see SPEC.md)."""
     if not isinstance(name, str) or not name or any(ch in name for ch in " ,:/"):
         raise ValueError(f"attnverify.adapter(name={name!r}): a non-empty name without spaces, ',' ':' or '/'")
+    if min_timeout is not None and not (isinstance(min_timeout, (int, float)) and min_timeout > 0):
+        raise ValueError(f"attnverify.adapter({name!r}, min_timeout={min_timeout!r}): give seconds > 0 (the least "
+                         f"time one example may take, e.g. 600 for an adapter that compiles), or leave it out")
     c = _validate_claims(name, claims)
     known = validate_known_failures(name, known_failures)
 
@@ -187,7 +193,8 @@ def adapter(name: str, *, description: str = "", availability=None, refuses=None
         if not callable(fn):
             raise TypeError(f"attnverify.adapter({name!r}) must decorate a callable (q, k, v, spec)")
         a = Adapter(name=name, fn=fn, claims=c, description=description or (fn.__doc__ or "").strip().split("\n")[0],
-                    availability=availability, refuses=refuses, known_failures=known)
+                    availability=availability, refuses=refuses, known_failures=known,
+                    min_timeout=None if min_timeout is None else float(min_timeout))
         if register:
             from .registry import register_adapter
 
