@@ -16,6 +16,8 @@ about 1 s; the whole ci profile took 21 min cold and 3 min warm (BENCHMARKS.md).
 - points TORCHINDUCTOR_CACHE_DIR at ~/.cache/attnverify/inductor unless you chose a directory, so
   compiled kernels survive the process (cache that directory in CI; seed the run, e.g.
   `--attn-seed 0`, so the same shapes come back and hit it);
+- declares min_timeout (900 s on a CPU), so that a cold compile is not killed by the per-example
+  timeout (a killed compile caches nothing);
 - raises dynamo's recompile limits and turns on `fail_on_recompile_limit_hit`, so a long run can
   never fall back silently to eager flex_attention (a different, unfused implementation);
 - compiles with static shapes on the CPU. Dynamic shapes (ATTNVERIFY_FLEX_DYNAMIC=1, or `auto` for
