@@ -463,6 +463,7 @@ class PropertyItem(pytest.Item):
 
             s.runner = make_runner(s.isolate, s.timeout)
         t0 = time.perf_counter()
+        in_process0 = getattr(s.runner, "in_process_fallback", 0)
         drawn_by_index: Dict[Any, Any] = {}
         state: Dict[str, Any] = {"examples": 0, "last_fail": None}
 
@@ -514,6 +515,10 @@ class PropertyItem(pytest.Item):
         finally:
             info["examples"] = state["examples"]
             info["seconds"] = time.perf_counter() - t0
+            # examples judged in this process because CUDA was initialised here: no crash isolation for them
+            n_in_process = getattr(s.runner, "in_process_fallback", 0) - in_process0
+            if n_in_process:
+                info["judged_in_process"] = n_in_process
             s.journal.write({"event": "test_end", **info})
             self.user_properties.append(("attnverify", info))
 
@@ -644,6 +649,11 @@ class _Reporter:
         for i in rows.values():
             if i.get("repro"):
                 tr.write_line(f"{i['property']}[{i['adapter']}]: {i['repro']}")
+        unisolated = sum(int(i.get("judged_in_process") or 0) for i in rows.values())
+        if unisolated:
+            tr.write_line(f"WARNING: {unisolated} example(s) were judged in the process that drives the run, without "
+                          f"crash isolation: CUDA had been initialised there, so no judge could be forked (a device "
+                          f"fault there fails every later test of that worker)")
         tr.write_line(f"journal: {_rel(os.path.join(s.report, 'results.jsonl'))}  seed: {s.seed}")
 
 

@@ -294,3 +294,18 @@ def test_gpu_pinning_logic():
     assert pin_worker_gpu(env, gpu_count=2) == "1" and env["CUDA_VISIBLE_DEVICES"] == "1"
     assert pin_worker_gpu({"PYTEST_XDIST_WORKER": "gw0", "ATTNVERIFY_PIN_GPUS": "0"}, gpu_count=4) is None
     assert pin_worker_gpu({}, gpu_count=4) is None  # not an xdist worker
+
+
+def test_examples_judged_without_isolation_are_counted_and_reported(pytester, monkeypatch):
+    """On the H200 a CUDA context in the driving process silently turned every example into an
+    in-process one (no crash isolation); the run must say so, per test in the journal and at the end."""
+    from attnverify import isolation
+
+    monkeypatch.setattr(isolation, "cuda_initialised", lambda: True)  # as if CUDA had started here
+    pytester.makeconftest(MINE_OK)
+    res = pytester.runpytest_inprocess("--adapter=mine", "-k", "forward_matches_reference", *FAST)
+    out = res.stdout.str()
+    assert res.ret == 0, out
+    ends = [r for r in _journal(pytester) if r["event"] == "test_end"]
+    assert ends and all(r.get("judged_in_process", 0) == r["examples"] >= 1 for r in ends)
+    assert "judged in the process that drives the run, without crash isolation" in out
