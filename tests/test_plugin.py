@@ -309,3 +309,7 @@ def test_examples_judged_without_isolation_are_counted_and_reported(pytester, mo
     ends = [r for r in _journal(pytester) if r["event"] == "test_end"]
     assert ends and all(r.get("judged_in_process", 0) == r["examples"] >= 1 for r in ends)
     assert "judged in the process that drives the run, without crash isolation" in out
+    from attnverify.reports import render
+
+    html = open(render(str(pytester.path / "reports"), rerun=False)).read()
+    assert "without crash isolation" in html

@@ -149,11 +149,16 @@ def build_model(report_dir: str) -> Dict[str, Any]:
     seconds = (end or {}).get("seconds")
     if seconds is None and t0 and t1:
         seconds = float(t1) - float(t0)
+    settings = {k: start.get(k) for k in ("seed", "profile", "device", "isolate", "timeout") if k in start}
+    unisolated = sum(int(r.get("judged_in_process") or 0) for r in recs if r.get("event") == "test_end")
+    if unisolated:
+        settings["without crash isolation"] = (f"{unisolated} example(s): CUDA had been initialised in the process "
+                                               f"that drives the run, so they were judged there")
     return {
         "run_id": start.get("run_id") or (recs[0].get("run_id") if recs else None),
         "finished": end is not None, "exit_status": (end or {}).get("exit_status"),
         "started": _when(t0), "seconds": seconds, "env": start.get("env") or {},
-        "settings": {k: start.get(k) for k in ("seed", "profile", "device", "isolate", "timeout") if k in start},
+        "settings": settings,
         "argv": " ".join(map(str, start.get("argv") or [])),
         "adapters": adapters, "adapter_info": adapter_info, "properties": props, "cells": cells,
         "counts": [(k, counts[k]) for k in ORDER if k in counts], "run_counts": (end or {}).get("counts"),
