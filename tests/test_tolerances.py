@@ -314,3 +314,25 @@ def test_an_infinite_score_bound_gives_an_infinite_tolerance_not_nan():
     # into NaN (every comparison would fail)
     t = tolerance_for("out", "float32", score_max=math.inf)
     assert t.norm == math.inf and t.elem_u * t.u == math.inf
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_an_additive_bias_that_lifts_every_score_is_judged_at_the_rows_level(dtype):
+    """ALiBi and float masks move a row's scores by their own size, which scale |q||k| does not bound:
+    float64 naive failed on the H200 at 1.6x its bound on a varlen ALiBi row whose keys all sat ~400
+    positions back (m ~ -185). A constant +3000 mask reproduces it on the CPU (float64 naive failed
+    before |lse| + log(Lk) entered the score bound); a wrong answer under the same mask still fails."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g, dtype=torch.float64).to(dtype) for n in (64, 96, 96))
+    case = av.Case(q, k, v, av.Spec(attn_mask=torch.full((1, 1, 64, 96), 3000.0, dtype=dtype)))
+    naive = registry.get("naive")
+    res = av.check(naive, case)
+    assert res.passed, res.message()
+
+    def no_scale(q, k, v, spec):  # forgets the 1/sqrt(D) scale
+        return naive_attention(q, k, v, spec.replace(scale=1.0))
+
+    wrong = av.adapter("bias-no-scale", register=False, dtypes=("float32", "float64"), attn_mask=True,
+                       backward=True)(no_scale)
+    bad = av.check(wrong, case)
+    assert bad.status == "failed" and not bad.comparisons[0].passed  # numbers came back, and out is wrong
