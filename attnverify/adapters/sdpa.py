@@ -38,7 +38,9 @@ _CPU_CLAIMS = {
 # rows; PyTorch's own dispatch with a bool mask returns finite garbage on fully-masked rows
 # (fp16/bf16) and NaN dQ, so it claims no convention for them.
 _CUDA_CLAIMS = {
-    "default": dict(dtypes=("float16", "bfloat16", "float32"), fully_masked="unsupported"),
+    # float64: the dispatch runs it on the math backend; the H200 thorough run's `contract` property saw it
+    # computed (rel L2 3e-14 from the reference), so it is claimed rather than expected to raise
+    "default": dict(dtypes=("float16", "bfloat16", "float32", "float64"), fully_masked="unsupported"),
     "math": dict(dtypes=("float16", "bfloat16", "float32", "float64")),
     # flash: half types only, no attn_mask, causal only top-left with Lq == Lk (refuses otherwise)
     "flash": dict(dtypes=("float16", "bfloat16"), attn_mask=False, causal=("none", "top_left"),
@@ -179,18 +181,29 @@ _CPU_FLASH_FINDINGS = {
 # Measured on the H200 (torch 2.11); docs/compatibility.md has each one's shrunk case and standalone repro.
 _CUDNN_DQ_NAN = ("cuDNN's SDPA backward (torch 2.11, H200) returns NaN dQ when every score of a row is far below 0 "
                  "(row_shift -1000), fp16 and bf16 (docs/compatibility.md F10; benchmarks/repro_cudnn_dq_nan.py)")
+_EFFICIENT_INF_KEY = ("SDPA's mem-efficient backend (torch 2.11, H200), fp32: a key holding +inf makes NaN every row "
+                      "whose score against it is -inf, where the exact output is finite (docs/compatibility.md F12; "
+                      "benchmarks/repro_inf_key_nan.py: 11 of 11 such rows, any Lk; fp16/bf16 and math are right)")
 _CUDA_FINDINGS = {
     "cudnn": {
         "gradients_match_reference": _CUDNN_DQ_NAN,
         "outputs_fully_written": _CUDNN_DQ_NAN,  # it compares the gradients too
         "no_out_of_bounds": "cuDNN's SDPA (torch 2.11, H200) returns wrong outputs, silently, for q/k/v that are not "
                             "16-byte aligned (docs/compatibility.md F11; benchmarks/repro_misaligned_sdpa.py)",
+        "dropout": "cuDNN's SDPA dropout (torch 2.11, H200) gave the identical output after torch.manual_seed(0) and "
+                   "(1) (fp16, Lq = Lk = 13, p = 0.1; thorough run 2026-12-03): the seed does not reach its mask "
+                   "(docs/compatibility.md F14; benchmarks/repro_sdpa_dropout.py, not yet run)",
     },
+    "flash": {
+        "dropout": "FlashAttention-2's dropout in SDPA's flash backend (torch 2.11, H200) keeps with probability "
+                   "(floor(255 (1-p)) + 1) / 256, not 1 - p, and rescales by 1 / (1-p): kept 0.1033 at p = 0.9 "
+                   "(fp16, 293,378 draws, binomial p-value 1.6e-8) (docs/compatibility.md F13)",
+    },
+    "efficient": {"nonfinite_inputs_propagate": _EFFICIENT_INF_KEY},
     "default": {  # PyTorch's dispatch picks cuDNN for fp16/bf16 on the H200, mem-efficient for fp32
         "gradients_match_reference": _CUDNN_DQ_NAN,
         "outputs_fully_written": _CUDNN_DQ_NAN,
-        "nonfinite_inputs_propagate": "torch 2.11 SDPA on the H200 returns NaN rows where a key holding +inf gives "
-                                      "the query the score -inf (exact output finite), fp32 (docs/compatibility.md F12)",
+        "nonfinite_inputs_propagate": _EFFICIENT_INF_KEY + "; the dispatch sends fp32 there",
     },
 }
 
