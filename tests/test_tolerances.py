@@ -336,3 +336,16 @@ def test_an_additive_bias_that_lifts_every_score_is_judged_at_the_rows_level(dty
                        backward=True)(no_scale)
     bad = av.check(wrong, case)
     assert bad.status == "failed" and not bad.comparisons[0].passed  # numbers came back, and out is wrong
+
+
+def test_score_bound_is_the_one_rule_for_every_comparison():
+    """check() and the properties that compare an adapter with itself (batch, GQA, interleaving) share
+    score_bound: S from |q||k| alone without a bias, the reference rows' level with one."""
+    from attnverify.check import magnitudes, score_bound
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g, dtype=torch.float64) for n in (8, 12, 12))
+    plain = av.Case(q, k, v, av.Spec())
+    assert score_bound(plain) == magnitudes(plain)["S"]
+    lifted = av.Case(q, k, v, av.Spec(attn_mask=torch.full((1, 1, 8, 12), -500.0, dtype=torch.float64)))
+    assert score_bound(lifted) >= 500.0 > magnitudes(lifted)["S"]

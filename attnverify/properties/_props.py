@@ -22,7 +22,7 @@ from ..reference import reference_forward
 from ..spec import Spec
 from ..strategies import attention_cases, corpus, fully_masked_row_count
 from ..tolerances import tolerance_for, unit_roundoff
-from ..check import magnitudes
+from ..check import magnitudes, score_bound
 from .base import ExampleResult, Property
 
 
@@ -235,8 +235,8 @@ class NonfiniteInputsPropagate(CaseProperty):
         r0 = ref.out.cpu().masked_fill(ignore, 0.0)
         brel, babs = error_stats(b, r0)
         mags = magnitudes(case)
-        tol = tolerance_for("out", case.dtype, baseline_rel_l2=brel, baseline_max_abs=babs, score_max=mags["S"],
-                            scale_floor=mags["out"])
+        tol = tolerance_for("out", case.dtype, baseline_rel_l2=brel, baseline_max_abs=babs,
+                            score_max=score_bound(case, ref.lse), scale_floor=mags["out"])
         c = compare("out", out, ref.out, tol, ignore=ignore)
         got_rows = ~torch.isfinite(out.detach().double().cpu()).all(-1, keepdim=True)
         missing = bad_rows & ~got_rows
@@ -298,7 +298,7 @@ class MetamorphicProperty(CaseProperty):
                 base = {}
         comps: List[Comparison] = []
         mags = magnitudes(case)
-        score_max = self.score_max(case, params, mags["S"])
+        score_max = self.score_max(case, params, score_bound(case))
         for n, (got, exp) in mine.items():
             kind = _TOL_KIND.get(n.split(":")[0], "out")
             dt = "float32" if kind == "lse" else case.dtype
