@@ -16,7 +16,7 @@ from .case import Case
 from .compare import Comparison, compare, error_stats
 from .reference import reference_backward, reference_forward
 from .spec import Output
-from .tolerances import tolerance_for
+from .tolerances import SCORE_U, UNIT_ROUNDOFF, tolerance_for
 
 STATUSES = ("passed", "failed", "error", "skipped")
 
@@ -188,17 +188,33 @@ def check(
         ignore_rows = fm
         notes.append(f"{int(fm.sum())} fully-masked row(s) ignored: {adapter.name} declares them unsupported")
 
+    mags = magnitudes(case)
+    levels = row_levels(case, ref.lse)  # None without an additive bias
+    if levels is not None:
+        # a row lifted so far (a padding row filled with -1e9, say) that float32 cannot resolve its scores
+        # has no computable answer: no kernel (nor the baseline) can match the shift-invariant exact one
+        ill = levels * SCORE_U * UNIT_ROUNDOFF["float32"] >= 0.5
+        if bool(ill.any()):
+            notes.append(f"{int(ill.sum())} query row(s) lifted by the additive bias to |score| ~ "
+                         f"{float(levels[ill].max()):.3g}, beyond float32's resolution: not judged (out, LSE, dQ)")
+            ill = ill.to(ref.lse.device)
+            ignore_rows = ill if ignore_rows is None else (ignore_rows | ill)
+            levels = torch.where(ill.cpu(), torch.zeros_like(levels), levels)
+    score_max = mags["S"] if levels is None else max(mags["S"], float(levels.max()) if levels.numel() else 0.0)
+
     gen = torch.Generator().manual_seed(int(case.seed) + 1)
     comps: List[Comparison] = []
     cache: dict = {"ref": ref}  # reference results shared by the check and the baseline
-    base = _baseline(case, keep, cache, do_bwd) if baseline else None
-    mags = magnitudes(case)
-    score_max = score_bound(case, ref.lse)
+    base = _baseline(case, keep, cache, do_bwd, rows_ignored=ignore_rows) if baseline else None
 
     def tol(name, dtype):
         b = base.get(name) if base else (None, None)
-        return tolerance_for(name, dtype, baseline_rel_l2=b[0], baseline_max_abs=b[1], score_max=score_max,
-                             scale_floor=mags.get(name, 0.0), loosen=loosen)
+        t = tolerance_for(name, dtype, baseline_rel_l2=b[0], baseline_max_abs=b[1], score_max=score_max,
+                          scale_floor=mags.get(name, 0.0), loosen=loosen)
+        if levels is not None and name in ("out", "lse", "dq") and math.isfinite(t.u):
+            # per query row: a row lifted by the bias gets its own level, the others keep S
+            t = t.rows_at(torch.clamp(levels, min=mags["S"]), loosen=loosen)
+        return t
 
     comps.append(compare("out", out, expected_out, tol("out", case.q.dtype),
                          ignore=None if ignore_rows is None else ignore_rows.unsqueeze(-1)))
@@ -317,7 +333,24 @@ def score_bound(case: Case, ref_lse: Optional[torch.Tensor] = None) -> float:
 
 
 def _additive_bias(spec: Spec) -> bool:
-    return spec.alibi_slopes is not None or (spec.attn_mask is not None and spec.attn_mask.dtype != torch.bool)
+    """Whether a bias can move a row's level: ALiBi, or a float mask with a finite nonzero entry (a mask of
+    0 and -inf only hides keys)."""
+    if spec.alibi_slopes is not None:
+        return True
+    m = spec.attn_mask
+    if m is None or m.dtype == torch.bool:
+        return False
+    fin = m[torch.isfinite(m)]
+    return bool(fin.numel()) and bool((fin != 0).any())
+
+
+def row_levels(case: Case, ref_lse: torch.Tensor) -> Optional[torch.Tensor]:
+    """Per query row (B, H, Lq, on the CPU): |lse| + log(Lk), a bound on |m| (see biased_row_level); 0 on
+    rows without a finite LSE; None when no additive bias is present."""
+    if not _additive_bias(case.spec):
+        return None
+    lse = ref_lse.detach().double().cpu()
+    return torch.where(torch.isfinite(lse), lse.abs() + math.log(max(1, case.k.shape[2])), torch.zeros_like(lse))
 
 
 def biased_row_level(case: Case, ref_lse: torch.Tensor) -> float:
@@ -328,13 +361,8 @@ def biased_row_level(case: Case, ref_lse: torch.Tensor) -> float:
     added: a varlen ALiBi row whose visible keys all sit ~400 positions back has m ~ -185, and float64
     naive on the H200 differed from the float64 reference by 120 u there. m <= lse <= m + log(Lk), so
     |m| <= |lse| + log(Lk). 0 when no additive bias is present (S already bounds |m|)."""
-    if not _additive_bias(case.spec):
-        return 0.0
-    lse = ref_lse.detach()
-    fin = lse[torch.isfinite(lse)]
-    if not fin.numel():
-        return 0.0
-    return float(fin.abs().max()) + math.log(max(1, case.k.shape[2]))
+    levels = row_levels(case, ref_lse)
+    return 0.0 if levels is None or not levels.numel() else float(levels.max())
 
 
 def _capped_score_sensitivity(q: torch.Tensor, k: torch.Tensor, scale: float, cap: float) -> float:
@@ -367,10 +395,18 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def _baseline(case: Case, keep, cache: dict, with_grads: bool) -> Optional[dict]:
+def _baseline(case: Case, keep, cache: dict, with_grads: bool, rows_ignored: Optional[torch.Tensor] = None) -> Optional[dict]:
     """Errors of the same-dtype eager implementation on the very same inputs: name -> (rel_l2, max_abs).
 
-    Uses the same upstream gradient as the check (seeded from the case) and the check's reference."""
+    Uses the same upstream gradient as the check (seeded from the case) and the check's reference.
+    Query rows the check does not judge (`rows_ignored`, B x H x Lq) are left out of out, LSE and dQ."""
+
+    def stats(a, b):
+        if rows_ignored is None or a.shape[:3] != rows_ignored.shape:
+            return error_stats(a, b)
+        m = rows_ignored.to(a.device).view(*rows_ignored.shape, *([1] * (a.dim() - 3)))
+        return error_stats(a.detach().masked_fill(m, 0), b.masked_fill(m.to(b.device), 0))
+
     from .adapters.naive import naive_attention
 
     if case.dtype not in ("float16", "bfloat16", "float32"):
@@ -383,14 +419,14 @@ def _baseline(case: Case, keep, cache: dict, with_grads: bool) -> Optional[dict]
         with torch.enable_grad() if with_grads else torch.no_grad():
             o = naive_attention(q, k, v, spec.replace(return_lse=True))
         ref = cache["ref"]
-        errs = {"out": error_stats(o.out, ref.out), "lse": error_stats(o.lse, ref.lse)}
+        errs = {"out": stats(o.out, ref.out), "lse": stats(o.lse, ref.lse)}
         if with_grads:
             gen = torch.Generator().manual_seed(int(case.seed) + 1)
             d_out = torch.randn(o.out.shape, generator=gen, dtype=torch.float64).to(o.out.device, o.out.dtype)
             gq, gk, gv = torch.autograd.grad([o.out], [q, k, v], [d_out])
             rg = reference_backward(case.q, case.k, case.v, spec, d_out)
             cache["grads"] = rg
-            errs.update(dq=error_stats(gq, rg.dq), dk=error_stats(gk, rg.dk), dv=error_stats(gv, rg.dv))
+            errs.update(dq=stats(gq, rg.dq), dk=error_stats(gk, rg.dk), dv=error_stats(gv, rg.dv))
         return errs
     except Exception:
         return None

@@ -20,8 +20,9 @@ by tests that must reject zeros, mean(V), a copy of V, uniform attention, shifte
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -72,10 +73,26 @@ class Tolerance:
     u: float
     elem_floor: float  # the baseline term of the element-wise bound (absolute)
     scale_floor: float = 0.0  # lower bound for s, the tensor's scale, from the inputs' magnitudes
+    # per query row (B, H, Lq): elem_u * u from each row's own score bound (rows_at), else None
+    row_coef: Optional[torch.Tensor] = field(default=None, compare=False, repr=False)
 
     def allowed(self, ref_abs: torch.Tensor, scale: float) -> torch.Tensor:
         s = max(scale, self.scale_floor)
-        return torch.clamp(self.elem_u * self.u * (ref_abs + s), min=self.elem_floor)
+        coef = self.elem_u * self.u
+        if self.row_coef is not None:
+            coef = self.row_coef.to(ref_abs.device, ref_abs.dtype)
+            coef = coef.unsqueeze(-1) if ref_abs.dim() == coef.dim() + 1 else coef
+        return torch.clamp(coef * (ref_abs + s), min=self.elem_floor)
+
+    def rows_at(self, row_score: torch.Tensor, loosen: float = 1.0) -> "Tolerance":
+        """This tolerance with its element-wise bound set per query row from each row's own score bound
+        `row_score` (B, H, Lq): one row lifted by an additive bias must not widen every other row's bound.
+        The norm-wise bound stays the whole tensor's."""
+        u0 = unit_roundoff(self.dtype, self.output)
+        u_acc = UNIT_ROUNDOFF["float32" if self.dtype != "float64" else "float64"]
+        # elem_u * u of tolerance_for, per row: ELEM_U * (F u0 + SCORE_U u_acc S) * loosen
+        coef = ELEM_U[self.output] * (FLOOR_SCALE.get(self.dtype, 1.0) * u0 + SCORE_U * u_acc * row_score.double()) * loosen
+        return dataclasses.replace(self, row_coef=coef.cpu())
 
 
 def dtype_name(dt) -> str:

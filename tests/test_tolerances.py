@@ -349,3 +349,23 @@ def test_score_bound_is_the_one_rule_for_every_comparison():
     assert score_bound(plain) == magnitudes(plain)["S"]
     lifted = av.Case(q, k, v, av.Spec(attn_mask=torch.full((1, 1, 8, 12), -500.0, dtype=torch.float64)))
     assert score_bound(lifted) >= 500.0 > magnitudes(lifted)["S"]
+
+
+@pytest.mark.parametrize("fill", [-1e9, float(torch.finfo(torch.float32).min)])
+def test_one_row_lifted_by_a_huge_finite_mask_does_not_widen_the_other_rows(fill):
+    """A padding row filled with a huge finite negative (HF-style -1e9 or finfo.min) has an LSE near the
+    fill. Taken as the whole tensor's score bound, it let an adapter that forgets the scale pass (review
+    of 2026-12-03); the bound is per query row now."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g) for n in (16, 24, 24))
+    mask = torch.zeros(1, 1, 16, 24)
+    mask[..., 5, :] = fill
+    case = av.Case(q, k, v, av.Spec(attn_mask=mask))
+
+    def no_scale(q, k, v, spec):
+        return naive_attention(q, k, v, spec.replace(scale=1.0))
+
+    wrong = av.adapter("mask-no-scale", register=False, attn_mask=True, backward=True)(no_scale)
+    bad = av.check(wrong, case)
+    assert bad.status == "failed" and not bad.comparisons[0].passed
+    assert av.check(registry.get("naive"), case).passed
