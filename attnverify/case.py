@@ -336,9 +336,9 @@ def build_case(r: CaseRecipe, *, label: str = "") -> Case:
         hidden = ~mask.expand(b, hq, lq, lk).any(dim=2).any(dim=1)  # (b, lk)
         k[hidden.unsqueeze(1).expand(b, hkv, lk)] = r.masked_garbage
         v[hidden.unsqueeze(1).expand(b, hkv, lk)] = r.masked_garbage
-    q, k, v = (_layout(t.to(dt), r.layout, i) for i, t in enumerate((q, k, v)))
     dev = torch.device(r.device)
-    q, k, v = q.to(dev), k.to(dev), v.to(dev)
+    # laid out on the target device: moving a strided view copies it into contiguous memory
+    q, k, v = (_layout(t.to(dt).to(dev), r.layout, i) for i, t in enumerate((q, k, v)))
     if mask is not None:
         mask = mask.to(dev) if mask.dtype == torch.bool else mask.to(dev, torch.float32 if dt == torch.float64 else dt).to(dt)
     spec = Spec(
@@ -377,14 +377,17 @@ def _layout(t: torch.Tensor, layout: str, which: int) -> torch.Tensor:
     if layout == "transposed":  # BSHD storage viewed as BHSD
         return t.transpose(1, 2).contiguous().transpose(1, 2)
     if layout == "sliced":  # every other element of a wider last dim
-        wide = torch.empty(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype)
+        wide = torch.empty(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype, device=t.device)
         wide[..., ::2] = t
         wide[..., 1::2] = float("nan")
         return wide[..., ::2]
     if layout == "offset":  # non-zero storage offset, NaN around
-        flat = torch.full((t.numel() + 37,), float("nan"), dtype=t.dtype)
-        flat[17:17 + t.numel()] = t.reshape(-1)
-        return flat[17:17 + t.numel()].view(t.shape)
+        # 32 bytes in: 16-byte alignment is kept, because alignment has a mode of its own
+        # (no_out_of_bounds, "unaligned"); misaligned here, every property on CUDA would test it
+        off = max(1, 32 // t.element_size())
+        flat = torch.full((t.numel() + 2 * off,), float("nan"), dtype=t.dtype, device=t.device)
+        flat[off:off + t.numel()] = t.reshape(-1)
+        return flat[off:off + t.numel()].view(t.shape)
     if layout == "expanded_kv":  # stride-0 batch for k and v when every batch shares them
         if which == 0 or t.shape[0] == 1:
             return t.contiguous()

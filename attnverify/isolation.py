@@ -187,8 +187,9 @@ class SubprocessRunner:
         calls may legitimately take longer (a cold compile) raises the base with `min_timeout`."""
         if self.timeout is None:
             return None
-        base = max(self.timeout, float(getattr(adapter, "min_timeout", None) or 0.0))
-        return base * max(1.0, float(getattr(prop, "cost", 1.0)))
+        # the floor is per example, not per call: a compile happens once however many calls follow
+        return max(self.timeout * max(1.0, float(getattr(prop, "cost", 1.0))),
+                   float(getattr(adapter, "min_timeout", None) or 0.0))
 
     def _in_process(self, prop, adapter, drawn) -> ExampleResult:
         """A child forked now could not use CUDA ("Cannot re-initialize CUDA in forked subprocess"):

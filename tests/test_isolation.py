@@ -264,5 +264,13 @@ def test_an_adapter_that_compiles_raises_the_timeout_for_itself_only(monkeypatch
     finally:
         r.close()
     assert SubprocessRunner(timeout=0).timeout_for(Sleep(), slow) is None  # no timeout stays none
-    with pytest.raises(ValueError, match="min_timeout"):
-        av.adapter("bad", register=False, min_timeout=-1)(lambda q, k, v, spec: q)
+    for bad in (-1, float("inf"), True):  # inf crashed the runner's poll; True read as 1 s
+        with pytest.raises(ValueError, match="min_timeout"):
+            av.adapter("bad", register=False, min_timeout=bad)(lambda q, k, v, spec: q)
+
+    class Costly(Sleep):
+        cost = 6.0
+
+    # the floor applies per example (a compile happens once), not multiplied by the property's cost
+    assert SubprocessRunner(timeout=1.0).timeout_for(Costly(), slow) == 6.0
+    assert SubprocessRunner(timeout=0.5).timeout_for(Costly(), slow) == 4.0

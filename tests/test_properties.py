@@ -233,3 +233,17 @@ def test_dropout_judges_exact_counts_without_slack_and_seeds_by_their_masks():
                                             dtype="float32", dropout_p=0.9, seed=seed))
         false_alarms += not prop.judge(get("naive"), small, {}).passed
     assert false_alarms == 0
+
+
+def test_a_draw_the_real_case_does_not_claim_is_skipped_not_an_error():
+    """The driving process filters draws on CPU probes; a user's `refuses` that looks at the tensors'
+    device (q.is_cuda) can refuse the real CUDA case the probe let through. The judge re-checks the real
+    case and skips it, instead of reporting check()'s usage error as a failure (review of 2026-12-03)."""
+    import attnverify as av
+
+    refused = av.adapter("refuses-causal-here", register=False, causal=("none", "top_left"),
+                         refuses=lambda case: "no causal here" if case.spec.causal != "none" else None)(
+        lambda q, k, v, spec: q)
+    drawn = {"recipe": av.CaseRecipe(causal="top_left").to_dict()}
+    res = get_property("forward_matches_reference").run_example(refused, drawn)
+    assert res.passed and res.status == "skipped" and "no causal here" in res.message

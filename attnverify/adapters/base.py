@@ -183,7 +183,8 @@ def adapter(name: str, *, description: str = "", availability=None, refuses=None
     """Decorator: declare an attention implementation and what it claims (see SPEC.md)."""
     if not isinstance(name, str) or not name or any(ch in name for ch in " ,:/"):
         raise ValueError(f"attnverify.adapter(name={name!r}): a non-empty name without spaces, ',' ':' or '/'")
-    if min_timeout is not None and not (isinstance(min_timeout, (int, float)) and min_timeout > 0):
+    if min_timeout is not None and not (isinstance(min_timeout, (int, float)) and not isinstance(min_timeout, bool)
+                                        and 0 < min_timeout < float("inf")):
         raise ValueError(f"attnverify.adapter({name!r}, min_timeout={min_timeout!r}): give seconds > 0 (the least "
                          f"time one example may take, e.g. 600 for an adapter that compiles), or leave it out")
     c = _validate_claims(name, claims)

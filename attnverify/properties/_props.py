@@ -78,6 +78,12 @@ class CaseProperty(Property):
         case = None
         try:
             case = build_case(CaseRecipe.from_dict(drawn["recipe"]), label=self.name)
+            why = unclaimed(adapter, case)
+            if why:  # the draw filtered a CPU probe; an adapter's `refuses` may judge the real case otherwise
+                res = ExampleResult(True, f"not claimed on the real case: {why}", status="skipped",
+                                    case=case.to_dict())
+                res.seconds = time.perf_counter() - t0
+                return res
             res = self.judge(adapter, case, {k: v for k, v in drawn.items() if k != "recipe"})
         except Exception as e:
             tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-6:])
