@@ -88,11 +88,20 @@ class Tolerance:
         """This tolerance with its element-wise bound set per query row from each row's own score bound
         `row_score` (B, H, Lq): one row lifted by an additive bias must not widen every other row's bound.
         The norm-wise bound stays the whole tensor's."""
-        u0 = unit_roundoff(self.dtype, self.output)
-        u_acc = UNIT_ROUNDOFF["float32" if self.dtype != "float64" else "float64"]
-        # elem_u * u of tolerance_for, per row: ELEM_U * (F u0 + SCORE_U u_acc S) * loosen
-        coef = ELEM_U[self.output] * (FLOOR_SCALE.get(self.dtype, 1.0) * u0 + SCORE_U * u_acc * row_score.double()) * loosen
+        # elem_u * u of tolerance_for, per row
+        coef = ELEM_U[self.output] * _widened_u(self.output, self.dtype, _score_term(self.dtype, row_score.double())) * loosen
         return dataclasses.replace(self, row_coef=coef.cpu())
+
+
+def _score_term(dtype, score_max):
+    """SCORE_U * u_acc * S: an absolute score error of u_acc * S moves the softmax by as much (S may be a tensor)."""
+    return SCORE_U * UNIT_ROUNDOFF["float32" if dtype_name(dtype) != "float64" else "float64"] * score_max
+
+
+def _widened_u(output: str, dtype, score) -> float:
+    """FLOOR_SCALE widens the rounding of wide types' accumulation, not the score term: scaling both let
+    float32 TF32-rounded scores pass at large |q||k| (tests/test_tolerances.py)."""
+    return FLOOR_SCALE.get(dtype_name(dtype), 1.0) * unit_roundoff(dtype, output) + score
 
 
 def dtype_name(dt) -> str:
@@ -127,12 +136,10 @@ def tolerance_for(
     u0 = unit_roundoff(dtype, output)
     score = 0.0
     if score_max and score_max == score_max:
-        score = SCORE_U * UNIT_ROUNDOFF["float32" if dtype_name(dtype) != "float64" else "float64"] * float(score_max)
+        score = _score_term(dtype, float(score_max))
     u = u0 + score
     k = BASELINE_FACTOR[output]
-    # FLOOR_SCALE widens the rounding of wide types' accumulation, not the score term: scaling both
-    # let float32 TF32-rounded scores pass at large |q||k| (tests/test_tolerances.py)
-    fs = (FLOOR_SCALE.get(dtype_name(dtype), 1.0) * u0 + score) / u if math.isfinite(u) else 1.0
+    fs = _widened_u(output, dtype, score) / u if math.isfinite(u) else 1.0
     norm = NORM_U[output] * u * fs
     if baseline_rel_l2 is not None and baseline_rel_l2 == baseline_rel_l2:  # not NaN
         norm = max(norm, k * float(baseline_rel_l2))

@@ -147,16 +147,14 @@ def run_property(
 
 def save_failure(prop, adapter, drawn, res: ExampleResult, report_dir: str = "reports") -> Optional[str]:
     """Save the case of a failing example where `attnverify repro` finds it; returns the path."""
-    from ..case import CaseRecipe, build_case
+    from ..case import CaseRecipe, build_probe
 
     recipe = drawn.get("recipe") if isinstance(drawn, dict) else None
     if recipe is None:
         return None
-    # built on the CPU: the parent that drives Hypothesis must never start CUDA (forked judges need it)
-    cpu = CaseRecipe.from_dict(recipe)
-    cpu.device = "cpu"
-    case = build_case(cpu, label=f"{prop.name}[{adapter.name}]")
-    case.recipe = CaseRecipe.from_dict(recipe)  # saved with its real device
+    # a CPU probe: the parent that drives Hypothesis must never start CUDA (forked judges need it); the
+    # recipe keeps its real device
+    case = build_probe(CaseRecipe.from_dict(recipe), label=f"{prop.name}[{adapter.name}]")
     os.makedirs(os.path.join(report_dir, "cases"), exist_ok=True)
     # one file per (property, adapter, case): two adapters failing the same case must not clobber
     tag = hashlib.sha1(f"{prop.name}|{adapter.name}|{case.case_id()}".encode()).hexdigest()[:12]
@@ -201,10 +199,8 @@ def _failure_text(prop, adapter, drawn, res: ExampleResult, report_dir, profile,
 
 def _describe(drawn) -> str:
     try:
-        from ..case import CaseRecipe, build_case
+        from ..case import CaseRecipe, build_probe
 
-        r = CaseRecipe.from_dict(drawn["recipe"])
-        r.device = "cpu"  # describing needs no GPU in the parent
-        return build_case(r).describe()
+        return build_probe(CaseRecipe.from_dict(drawn["recipe"])).describe()  # no GPU in the parent
     except Exception:
         return repr(drawn)[:500]
