@@ -247,3 +247,27 @@ def test_a_draw_the_real_case_does_not_claim_is_skipped_not_an_error():
     drawn = {"recipe": av.CaseRecipe(causal="top_left").to_dict()}
     res = get_property("forward_matches_reference").run_example(refused, drawn)
     assert res.passed and res.status == "skipped" and "no causal here" in res.message
+
+
+def test_a_property_the_adapter_refuses_every_draw_of_is_a_skip_with_the_reason():
+    """sdpa-cudnn on the H200 claims top-left causal but refuses causal with Lq != Lk, the only cases
+    causal_alignment draws: Hypothesis gave up (Unsatisfiable), which the run reported as an error
+    (thorough run, 2026-12-03). Nothing was judged, so it is a skip that names the refusal; an adapter
+    that refuses only some draws is still judged on the others."""
+    import attnverify as av
+    from attnverify.reference import reference_forward
+
+    def ref(q, k, v, spec):
+        return reference_forward(q, k, v, spec).out.to(q.dtype)
+
+    never = av.adapter("causal-only-when-square", register=False, dtypes=("float32",), causal=("none", "top_left"),
+                       refuses=lambda case: "causal with Lq != Lk: no kernel"
+                       if case.spec.causal != "none" and case.q.shape[2] != case.k.shape[2] else None)(ref)
+    with pytest.raises(PropertySkipped, match="causal with Lq != Lk: no kernel"):
+        run_property(get_property("causal_alignment"), never, profile="ci", seed=0, max_examples=5, database=None,
+                     use_corpus=False)
+    some = av.adapter("refuses-some", register=False, dtypes=("float32",), causal=("none", "top_left"),
+                      refuses=lambda case: "odd Lk refused" if case.k.shape[2] % 2 else None)(ref)
+    run = run_property(get_property("causal_alignment"), some, profile="ci", seed=0, max_examples=5, database=None,
+                       use_corpus=False)
+    assert run.examples > 0

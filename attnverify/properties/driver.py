@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional
 
 from hypothesis import example, given, seed as hyp_seed, target
+from hypothesis.errors import Unsatisfiable
 
 from .base import ExampleResult, Property
 from .profiles import DEFAULT_PROFILE, hypothesis_settings
@@ -135,6 +136,18 @@ def run_property(
     test._hypothesis_internal_database_key = _db_key(prop, adapter, profile)
     try:
         test()
+    except Unsatisfiable as e:
+        if state["last_fail"] is not None:
+            raise AssertionError(_failure_text(prop, adapter, *state["last_fail"], report_dir, profile, state)) from None
+        if state["n"] == 0:
+            # every case the property draws lies outside what the adapter accepts (e.g. sdpa-cudnn and
+            # causal_alignment, which needs causal with Lq != Lk): nothing to judge, so a skip that says why
+            from ..strategies._cases import LAST_REFUSAL
+
+            why = LAST_REFUSAL.get(adapter.name) or str(e).splitlines()[0]
+            raise PropertySkipped(f"{adapter.name} accepts none of the cases {prop.name} draws: {why}") from None
+        # the @example corpus was judged and passed; generation found nothing else the adapter accepts
+        run.statuses["generation_refused"] = 1
     except BaseException as e:
         if state["last_fail"] is None:
             raise

@@ -25,6 +25,11 @@ FULLY_MASKED_SOURCES = ("mask_rows", "bottom_right", "window", "varlen_empty", "
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
+# adapter name -> the reason of the last draw its claims or `refuses` turned down, so that a property
+# none of whose draws an adapter accepts can say why it was skipped (properties.driver)
+LAST_REFUSAL: dict = {}
+
+
 @dataclass(frozen=True)
 class _Cfg:
     adapter: Any
@@ -409,4 +414,7 @@ def _final_filter(r: CaseRecipe, cfg: _Cfg, fm_ok: bool, fm_force: bool) -> None
     if cfg.adapter.refuses is not None:
         from ..check import unclaimed
 
-        assume(unclaimed(cfg.adapter, build_probe(r)) is None)  # a CPU probe: never start CUDA here
+        why = unclaimed(cfg.adapter, build_probe(r))  # a CPU probe: never start CUDA here
+        if why is not None:
+            LAST_REFUSAL[cfg.adapter.name] = why
+        assume(why is None)
