@@ -12,6 +12,11 @@ Found by `attnverify run --profile thorough` on 2026-12-03: sdpa-flash kept 0.10
 8-bit keep threshold, floor(255 (1 - p)) compared with <= (keep probability (floor(255 (1-p)) + 1) / 256
 = 0.1016); and sdpa-cudnn gave the identical output for seeds 0 and 1 (fp16, Lq = Lk = 13, p = 0.1).
 No attnverify needed.
+
+Run on the H200 on 2026-12-03 (second session): the flash backend kept 0.10155 of 16,777,216 draws at
+p = 0.9 (fp16, n = 1024; p-value 4e-99) and 0.89833 at p = 0.1, exactly the 8-bit prediction (F13
+confirmed); efficient, cuDNN and math keep 1 - p. cuDNN's outputs differ between seeds 0 and 1 in every
+configuration, Lq = Lk = 13 included, and repeat for seed 0: F14 withdrawn (docs/compatibility.md).
 """
 import json
 

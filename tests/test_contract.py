@@ -611,3 +611,19 @@ def test_bench_usage_errors_and_unclaimed(tmp_path, capsys):
     assert rc == 0 and ("| sdpa-efficient | - | - | unavailable:" in out or CUDA)
     assert visible_pairs(4, 4, "top_left") == 10 and visible_pairs(2, 4, "bottom_right") == 7
     assert attention_flops(1, 1, 4, 4, 8, 8, "none", "fwd+bwd") == 3.5 * 2 * 16 * 16
+
+
+def test_sdpa_cudnn_refuses_dropout_with_one_query_row_on_cuda():
+    """H200 thorough run (torch 2.11): cuDNN's SDPA raised "No available kernel" for 42 of 42 dropout cases
+    with Lq == 1 and ran the 27 with Lq > 1. Decided on a CPU probe standing for the CUDA case."""
+    from attnverify.adapters.sdpa import _refuses
+    from attnverify.case import CaseRecipe, build_probe
+
+    def why(**kw):
+        return _refuses("cudnn")(build_probe(CaseRecipe(device="cuda", dtype="float16", **kw)))
+
+    assert "Lq == 1" in why(len_q=1, len_k=16, dropout_p=0.1, seed=0)
+    assert why(len_q=2, len_k=16, dropout_p=0.1, seed=0) is None
+    assert why(len_q=1, len_k=16) is None  # no dropout: the kernel exists
+    # on the CPU the backend does not exist at all; the refusal is about CUDA only
+    assert _refuses("cudnn")(build_probe(CaseRecipe(device="cpu", len_q=1, len_k=16, dropout_p=0.1, seed=0))) is None

@@ -120,6 +120,10 @@ def _refuses(backend: str):
             return "sdpa-efficient on CUDA raises for a mask broadcast along the keys (last dimension not contiguous)"
         if on_cuda and backend == "cudnn" and lk == 1:
             return "sdpa-cudnn on CUDA refuses Lk == 1 (No available kernel)"
+        if on_cuda and backend == "cudnn" and lq == 1 and case.spec.dropout_p > 0:
+            # measured on the H200 (torch 2.11, thorough run 2026-12-03): 42 of 42 dropout cases with Lq == 1
+            # raised "No available kernel" (B, H, Lk, D, dtype and layout varied); 27 of 27 with Lq > 1 ran
+            return "sdpa-cudnn on CUDA has no dropout kernel for Lq == 1 (No available kernel)"
         if on_cuda and case.spec.causal == "bottom_right" and lq > lk and backend in ("efficient", "default"):
             # torch documents lower-right causal with Lq > Lk as unsupported ("will produce NaNs");
             # measured on the H200 (torch 2.11): efficient returns finite garbage on the rows that
@@ -189,15 +193,14 @@ _CUDA_FINDINGS = {
         "gradients_match_reference": _CUDNN_DQ_NAN,
         "outputs_fully_written": _CUDNN_DQ_NAN,  # it compares the gradients too
         "no_out_of_bounds": "cuDNN's SDPA (torch 2.11, H200) returns wrong outputs, silently, for q/k/v that are not "
-                            "16-byte aligned (docs/compatibility.md F11; benchmarks/repro_misaligned_sdpa.py)",
-        "dropout": "cuDNN's SDPA dropout (torch 2.11, H200) gave the identical output after torch.manual_seed(0) and "
-                   "(1) (fp16, Lq = Lk = 13, p = 0.1; thorough run 2026-12-03): the seed does not reach its mask "
-                   "(docs/compatibility.md F14; benchmarks/repro_sdpa_dropout.py, not yet run)",
+                            "16-byte aligned, and some such calls end in 'CUDA error: misaligned address' "
+                            "(docs/compatibility.md F11; benchmarks/repro_misaligned_sdpa.py)",
     },
     "flash": {
         "dropout": "FlashAttention-2's dropout in SDPA's flash backend (torch 2.11, H200) keeps with probability "
-                   "(floor(255 (1-p)) + 1) / 256, not 1 - p, and rescales by 1 / (1-p): kept 0.1033 at p = 0.9 "
-                   "(fp16, 293,378 draws, binomial p-value 1.6e-8) (docs/compatibility.md F13)",
+                   "(floor(255 (1-p)) + 1) / 256, not 1 - p, and rescales by 1 / (1-p): kept 0.10155 of 16,777,216 "
+                   "draws at p = 0.9 (fp16; expected 0.1, binomial p-value 4e-99) and 0.89833 at p = 0.1 "
+                   "(docs/compatibility.md F13; benchmarks/repro_sdpa_dropout.py)",
     },
     "efficient": {"nonfinite_inputs_propagate": _EFFICIENT_INF_KEY},
     "default": {  # PyTorch's dispatch picks cuDNN for fp16/bf16 on the H200, mem-efficient for fp32
