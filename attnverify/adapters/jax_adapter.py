@@ -39,8 +39,10 @@ Claims for the XLA implementation, from the docstring and the source of jax/_src
   function eagerly, where JAX's own fallback works (finding recorded in docs/compatibility.md).
 - forward only (no gradients are wired back to torch); deterministic on the CPU (measured).
 
-cuDNN (GPU) claims are narrower and unmeasured: fp16/bf16, head dims multiples of 8 up to 128, no
-window, no LSE.
+cuDNN (GPU) claims are narrower: fp16/bf16, head dims multiples of 8 up to 128, no window, no LSE.
+Its thorough run on the H200 (jax 0.11.2) found that the cuDNN path rejects masks with a broadcast
+query or key dimension, which the docstring allows ("broadcastable to (B, N, T, S)"): the adapter
+expands those two dimensions for cuDNN (F15 in docs/compatibility.md).
 """
 from __future__ import annotations
 
@@ -251,6 +253,11 @@ def jax_attention(q, k, v, spec: Spec):
         m = spec.attn_mask
         if m is not None:
             m4 = _mask4(m)
+            if _IMPL == "cudnn":
+                # JAX documents masks broadcastable to (B, N, T, S), but its cuDNN path rejects a
+                # broadcast T or S ("Bias must have same seq length as QKV, got 2 and 1"; H200,
+                # jax 0.11.2, docs/compatibility.md F15): materialise those two dims
+                m4 = m4.expand(*m4.shape[:2], q.shape[2], k.shape[2])
             if m.dtype == torch.bool:
                 mask = m4.contiguous()
             else:

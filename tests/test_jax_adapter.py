@@ -1,0 +1,32 @@
+"""The jax adapter's own glue that needs no JAX: what it hands to jax.nn.dot_product_attention."""
+import torch
+
+from attnverify.adapters import jax_adapter as ja
+from attnverify.spec import Spec
+
+
+def _seen_mask(monkeypatch, impl, mask):
+    seen = {}
+
+    def fake_call(q, k, v, spec, mask=None, bias=None, q_len=None, kv_len=None):
+        seen["mask"], seen["bias"] = mask, bias
+        return torch.zeros(q.shape[:3] + v.shape[3:]), None
+
+    monkeypatch.setattr(ja, "_IMPL", impl)
+    monkeypatch.setattr(ja, "_call", fake_call)
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8)
+    ja.jax_attention(q, k, k.clone(), Spec(attn_mask=mask))
+    return seen
+
+
+def test_cudnn_gets_masks_with_full_query_and_key_dims(monkeypatch):
+    """H200 thorough run (jax 0.11.2): the cuDNN path raised "Bias must have same seq length as QKV, got 2
+    and 1" for a bool mask (1, 1, 2, 1), every property with such a mask failed (F15). The adapter expands
+    T and S for cuDNN; XLA keeps the broadcast mask its docstring allows."""
+    keys_broadcast = torch.tensor([[True], [False], [True]])  # (T, 1): one flag per query row
+    seen = _seen_mask(monkeypatch, "cudnn", keys_broadcast)
+    assert tuple(seen["mask"].shape) == (1, 1, 3, 5) and seen["bias"] is None
+    assert torch.equal(seen["mask"][0, 0], keys_broadcast.expand(3, 5))
+    rows_broadcast = torch.zeros(1, 5)  # additive bias, (1, S)
+    assert tuple(_seen_mask(monkeypatch, "cudnn", rows_broadcast)["bias"].shape) == (1, 1, 3, 5)
+    assert tuple(_seen_mask(monkeypatch, "xla", keys_broadcast)["mask"].shape) == (1, 1, 3, 1)
