@@ -22,7 +22,9 @@ PY
 python3 -m attnverify.cli adapters > "$R/adapters.txt" 2>&1
 OTHERS=$(python3 -c "from attnverify.adapters.registry import available_builtins as a; print(','.join(x.name for x in a() if x.name != 'triton'))")
 [ "${TESTS:-1}" = 1 ] && (timeout "$T" python3 -m pytest -v -n "${TEST_WORKERS:-3}" -p no:randomly -m "not slow" tests/test_triton_kernel.py tests/test_contract.py \
-   tests/test_external_adapters.py tests/test_tolerances.py -rs > "$R/tests_gpu.log" 2>&1; echo "exit $?" >> "$R/tests_gpu.log") &
+   tests/test_external_adapters.py tests/test_tolerances.py -rs > "$R/tests_gpu.log" 2>&1; echo "exit $?" >> "$R/tests_gpu.log"
+   # crash isolation forks, so it runs in a process where no GPU test has started CUDA
+   timeout 120 python3 -m pytest -q -p no:randomly tests/test_isolation.py -rs >> "$R/tests_gpu.log" 2>&1; echo "exit $?" >> "$R/tests_gpu.log") &
 (timeout "$T" python3 -m attnverify.cli run --adapter "$OTHERS" --profile thorough --max-examples "${MAX_ALL:-12}" -n "${ALL_WORKERS:-5}" \
    --report rep_all > "$R/run_all.log" 2>&1; echo "exit $?" >> "$R/run_all.log"; timeout "${REPORT_T:-60}" python3 -m attnverify.cli report rep_all >/dev/null 2>&1;
  tar czf "$R/rep_all.tgz" rep_all) &

@@ -47,6 +47,14 @@ class Adapter:
 
 @pytest.fixture
 def runner():
+    from attnverify.isolation import cuda_initialised
+
+    if cuda_initialised():
+        # on a GPU machine an earlier test of this pytest worker may have started CUDA; the runner then
+        # judges in-process on purpose (test_cuda_initialised_here_judges_in_process_with_a_warning), so
+        # nothing here could fork: seen on the H200 when this file shared workers with the GPU tests
+        pytest.skip("CUDA was started in this pytest worker by an earlier test, so examples are judged "
+                    "in-process by design; run tests/test_isolation.py in a process of its own")
     r = SubprocessRunner(timeout=2.0)
     yield r
     r.close()
