@@ -62,6 +62,15 @@ class Comparison:
         return "\n".join(lines)
 
 
+def _work_device(actual) -> torch.device:
+    """Where to compare: in float64 on the adapter's GPU when its output lives there. On one CPU thread
+    a big case's comparison took longer than the per-example timeout (H200 thorough run: gqa cases with
+    78M-element gradients timed out at 60 s, most of it in compare)."""
+    if isinstance(actual, torch.Tensor) and actual.device.type == "cuda":
+        return actual.device
+    return torch.device("cpu")
+
+
 def _nonfinite_agree(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     both_nan = torch.isnan(a) & torch.isnan(e)
     same_inf = torch.isinf(a) & torch.isinf(e) & (torch.sign(a) == torch.sign(e))
@@ -74,7 +83,8 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, *, ignore
     `ignore` (bool, broadcastable) marks elements excluded by a declared convention.
     """
     problems: List[str] = []
-    exp = expected.detach().to("cpu", torch.float64)
+    dev = _work_device(actual)
+    exp = expected.detach().to(dev, torch.float64)
     if actual is None:
         return _missing(name, exp, tol, "the adapter returned nothing for this output")
     if not isinstance(actual, torch.Tensor):
@@ -86,7 +96,7 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, *, ignore
         else:
             return _missing(name, exp, tol, f"shape {tuple(actual.shape)}, expected {tuple(exp.shape)}")
     act_dtype = actual.dtype
-    act = actual.detach().to("cpu", torch.float64)
+    act = actual.detach().to(dev, torch.float64)
     if act_dtype.is_floating_point and act_dtype != torch.float64:
         # a value beyond the dtype's range rounds to +-inf: then inf is the right answer
         over = torch.isfinite(exp) & (exp.abs() > torch.finfo(act_dtype).max)
@@ -95,7 +105,7 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, *, ignore
             problems.append(f"{int(over.sum())} reference value(s) beyond the range of {act_dtype}: inf expected there")
     keep = torch.ones_like(exp, dtype=torch.bool)
     if ignore is not None:
-        keep = ~ignore.to("cpu").expand_as(exp)
+        keep = ~ignore.to(dev).expand_as(exp)
     fin_e, fin_a = torch.isfinite(exp), torch.isfinite(act)
     both_fin = fin_e & fin_a & keep
     nonfin_bad = keep & ~(fin_e & fin_a) & ~_nonfinite_agree(act, exp)
@@ -168,8 +178,9 @@ def error_stats(actual, expected: torch.Tensor) -> Tuple[float, float]:
     """(relative L2, max abs) of a baseline against the reference, over elements finite in both."""
     if actual is None or not isinstance(actual, torch.Tensor) or tuple(actual.shape) != tuple(expected.shape):
         return (float("nan"), float("nan"))
-    a = actual.detach().to("cpu", torch.float64)
-    e = expected.detach().to("cpu", torch.float64)
+    dev = _work_device(actual)
+    a = actual.detach().to(dev, torch.float64)
+    e = expected.detach().to(dev, torch.float64)
     fin = torch.isfinite(a) & torch.isfinite(e)
     d = torch.where(fin, (a - e).abs(), torch.zeros_like(e))
     n = float(torch.where(fin, e, torch.zeros_like(e)).norm())

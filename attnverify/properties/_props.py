@@ -273,8 +273,9 @@ def _call(adapter, q, k, v, spec, *, backward=False, gen_seed=0):
     if isinstance(lse, torch.Tensor):
         res["lse"] = lse.detach().float()
     if backward:
-        g = torch.Generator().manual_seed(gen_seed)
-        d_out = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.device, out.dtype)
+        # drawn where the output lives: a CPU draw of a big case's dO cost seconds per call on the GPU machine
+        g = torch.Generator(device=out.device).manual_seed(gen_seed)
+        d_out = torch.randn(out.shape, generator=g, dtype=torch.float32, device=out.device).to(out.dtype)
         dq, dk, dv = torch.autograd.grad([out], [q, k, v], [d_out], allow_unused=True)
         res.update(dq=dq, dk=dk, dv=dv)
     return res
