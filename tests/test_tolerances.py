@@ -369,3 +369,19 @@ def test_one_row_lifted_by_a_huge_finite_mask_does_not_widen_the_other_rows(fill
     bad = av.check(wrong, case)
     assert bad.status == "failed" and not bad.comparisons[0].passed
     assert av.check(registry.get("naive"), case).passed
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compares a CUDA output; this machine has no GPU")
+def test_compare_on_the_gpu_gives_the_cpu_verdict():
+    """compare() works in float64 where the output lives (a big case compared on one CPU thread timed out
+    on the H200): the verdict and the figures are those of the CPU comparison, a wrong answer included."""
+    from attnverify.compare import compare
+
+    g = torch.Generator().manual_seed(0)
+    exp = torch.randn(2, 3, 40, 16, generator=g, dtype=torch.float64)
+    tol = tolerance_for("out", "float16")
+    for act in (exp.half(), (exp * 1.01).half()):
+        on_cpu, on_gpu = compare("out", act, exp, tol), compare("out", act.cuda(), exp, tol)
+        assert on_gpu.passed == on_cpu.passed and on_gpu.mismatched == on_cpu.mismatched
+        assert on_gpu.worst_index == on_cpu.worst_index and math.isclose(on_gpu.rel_l2, on_cpu.rel_l2, rel_tol=1e-9)
+    assert not compare("out", (exp * 1.01).half().cuda(), exp, tol).passed
