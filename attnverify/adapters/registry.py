@@ -22,6 +22,7 @@ BUILTINS: Dict[str, str] = {
     "flash-attn": "attnverify.adapters.flash_attn:flash_attn",
     "flash-attn-kvcache": "attnverify.adapters.flash_attn:flash_attn_kvcache",
     "flash-attn3": "attnverify.adapters.flash_attn:flash_attn3",
+    "flash-attn4": "attnverify.adapters.flash_attn4:flash_attn4",
     "xformers": "attnverify.adapters.xformers_adapter:xformers",
     "flashinfer": "attnverify.adapters.flashinfer_adapter:flashinfer",
     "jax": "attnverify.adapters.jax_adapter:jax",

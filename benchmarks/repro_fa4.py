@@ -1,0 +1,181 @@
+"""Standalone: FlashAttention-4 (flash_attn.cute, SM90 path) findings F17, F18, F19 (docs/compatibility.md).
+
+    pip install flash-attn-4          # 4.0.0b36 was measured ("flash-attn-4[cu13]" with CUDA 13)
+    python benchmarks/repro_fa4.py    # on an H100/H200; needs torch and flash_attn.cute only
+
+Prints one JSON line per check. Every tensor is compared with a float64 reference computed here:
+rel_l2 and max_abs are the kernel's error, eager_rel_l2 that of the same formula run eagerly in the
+input dtype (upstream's yardstick: a kernel within ~2x of it is right), bad the fraction of elements
+whose error exceeds twice the eager maximum plus one rounding, nan the kernel's NaN count. Inputs are randn with seed 0,
+not attnverify's draws, so the figures differ from those below; whether an error is there should not.
+
+What attnverify saw (H200, torch 2.11.0+cu130, flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1 cu13;
+`attnverify run --adapter flash-attn4 --profile thorough --max-examples 6`, 2026-12-03; the adapter
+always passes deterministic=True):
+- F17 no_out_of_bounds: varlen B=1 Hq=2 Hkv=1 D=32 fp16, cu_seqlens_q=[0,5,5,136,138],
+  cu_seqlens_k=[0,129,132,388,389]: NaN in v of segment 1 (keys 129..131) made 320 output values of
+  other segments NaN (rows outside a segment are read and multiplied by zero probabilities).
+- F18 fully_masked_rows: B=1 H=1 Lq=65 Lk=2 D=16 fp16 causal (bottom-right, 63 rows see no key): dQ of
+  row 64, which sees both keys, is 0 where up to 0.112 is expected (15 of 1040 wrong, rel L2 0.0345);
+  B=2 H=3 Lq=7872 Lk=6464 D=72 fp16 causal window (16, 2): 82.9% of dQ wrong (rel L2 1.33). Output and
+  LSE right. (That run did not record Hkv of the second case; Hkv=3 here keeps F19 out of it.)
+- F19 gqa_equals_repeated_kv: B=1 Hq=6 Hkv=3 Lq=Lk=576 D=16 fp16: dK 86.9%, dV 88.3% of elements differ
+  from the same call on K/V repeated per group, summed over the group (rel L2 1.15; 1.22 at 7232);
+  Lq=Lk=7232 D=72 bf16 causal: dK rel L2 0.436, dV 1.12. Output and dQ agree. Here both calls are also
+  compared with float64, with deterministic=True and False: which call is wrong, and whether the
+  deterministic (semaphore) path is the cause. D=64 is a control from upstream's GQA test grid.
+"""
+import json
+import math
+
+import torch
+from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+
+DEV = "cuda"
+F16, BF16, F64 = torch.float16, torch.bfloat16, torch.float64
+
+
+def emit(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def r4(x):
+    return float(f"{x:.4g}")
+
+
+def keep_mask(lq, lk, causal=False, window=(None, None)):
+    """FA4's mask, bottom-right aligned: row i sees key j when i+lk-lq-left <= j <= i+lk-lq+right (None: unbounded)."""
+    i = torch.arange(lq, device=DEV)[:, None] + lk - lq
+    j = torch.arange(lk, device=DEV)[None, :]
+    keep = torch.ones(lq, lk, dtype=torch.bool, device=DEV)
+    if causal:
+        keep &= j <= i
+    if window[1] is not None:
+        keep &= j <= i + window[1]
+    if window[0] is not None:
+        keep &= j >= i - window[0]
+    return keep
+
+
+def attention(q, k, v, keep, scale):
+    """Eager attention on BSHD tensors in their own dtype, GQA grouped; a row without a key gives 0, LSE -inf."""
+    g = q.shape[2] // k.shape[2]
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(g, 1), v.transpose(1, 2).repeat_interleave(g, 1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    has = keep.any(-1, keepdim=True)
+    lse = s.detach().masked_fill(~keep, -math.inf).logsumexp(-1)
+    p = torch.softmax(s.masked_fill(~(keep | ~has), -math.inf), -1) * has
+    return (p @ v).transpose(1, 2), lse
+
+
+def fwd_bwd(fn, q, k, v, do, dtype):
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    out, lse = fn(q, k, v)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), do.to(dtype))
+    return dict(out=out.detach(), lse=lse.detach(), dq=dq, dk=dk, dv=dv)
+
+
+def stats(x, ref, eager):
+    eps = torch.finfo(x.dtype).eps  # plus one rounding of the largest value, as upstream's atol
+    x, ref, eager = (t.detach().double() for t in (x, ref, eager))
+    fin = torch.isfinite(ref)  # LSE of a row without a key: -inf, checked for equality
+    e, ee = (x - ref)[fin].abs(), (eager - ref)[fin].abs()
+    n = ref[fin].norm().item() or 1.0
+    res = dict(rel_l2=r4(e.norm().item() / n), max_abs=r4(e.max().item()), eager_rel_l2=r4(ee.norm().item() / n),
+               bad=r4((e > 2 * ee.max() + eps * ref[fin].abs().max()).double().mean().item()),
+               nan=int(x.isnan().sum()))
+    if not fin.all():
+        res["nonfinite_equal"] = bool((x[~fin] == ref[~fin]).all())
+    return res
+
+
+def compare(a, ref, eager, names=("out", "lse", "dq", "dk", "dv")):
+    return {n: stats(a[n], ref[n], eager[n]) for n in names if n in a}
+
+
+def f17():
+    cq, ck = [0, 5, 5, 136, 138], [0, 129, 132, 388, 389]
+    torch.manual_seed(0)
+    q = torch.randn(cq[-1], 2, 32, device=DEV, dtype=F16)
+    k, v = (torch.randn(ck[-1], 1, 32, device=DEV, dtype=F16) for _ in range(2))
+    cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=DEV) for c in (cq, ck))
+    mq, mk = (max(b - a for a, b in zip(c, c[1:])) for c in (cq, ck))
+    segs = list(zip(cq, cq[1:], ck, ck[1:]))
+
+    def run(k_, v_):
+        return flash_attn_varlen_func(q, k_, v_, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq,
+                                      max_seqlen_k=mk, softmax_scale=32 ** -0.5, deterministic=True,
+                                      return_lse=True)[0]
+
+    ref = torch.zeros(cq[-1], 2, 32, dtype=F64, device=DEV)
+    for q0, q1, k0, k1 in segs:
+        if q1 > q0 and k1 > k0:
+            ref[q0:q1] = attention(*(t[None].double() for t in (q[q0:q1], k[k0:k1], v[k0:k1])),
+                                   keep_mask(q1 - q0, k1 - k0), 32 ** -0.5)[0][0]
+    clean = run(k, v)
+    emit(check="F17 clean varlen output vs float64", rel_l2=r4(((clean.double() - ref).norm() / ref.norm()).item()))
+    for which in ("k", "v"):
+        k2, v2 = k.clone(), v.clone()
+        (k2 if which == "k" else v2)[ck[1]:ck[2]] = math.nan  # segment 1: keys 129..131, no queries
+        out = run(k2, v2)
+        emit(check=f"F17 NaN in {which} of segment 1 (keys 129..131)", expected="no NaN anywhere (segment 1 has no rows)",
+             nan_per_segment=[int(out[q0:q1].isnan().sum()) for q0, q1, _, _ in segs],
+             max_change_finite=r4((out - clean).nan_to_num(0.0).abs().max().item()))
+
+
+def f18(det):
+    for c in (dict(b=1, h=1, lq=65, lk=2, d=16, window=(None, None)),
+              dict(b=2, h=3, lq=7872, lk=6464, d=72, window=(16, 2))):
+        torch.manual_seed(0)
+        b, h, lq, lk, d = c["b"], c["h"], c["lq"], c["lk"], c["d"]
+        q = torch.randn(b, lq, h, d, device=DEV, dtype=F16)
+        k, v = (torch.randn(b, lk, h, d, device=DEV, dtype=F16) for _ in range(2))
+        do = torch.randn(b, lq, h, d, device=DEV, dtype=F16)
+        keep, scale = keep_mask(lq, lk, True, c["window"]), d ** -0.5
+        a = fwd_bwd(lambda q, k, v: flash_attn_func(q, k, v, softmax_scale=scale, causal=True, window_size=c["window"],
+                                                    deterministic=det, return_lse=True), q, k, v, do, F16)
+        ref = fwd_bwd(lambda q, k, v: attention(q, k, v, keep, scale), q, k, v, do, F64)
+        eager = fwd_bwd(lambda q, k, v: attention(q, k, v, keep, scale), q, k, v, do, F16)
+        row_err = (a["dq"].double() - ref["dq"]).abs().amax(dim=(0, 2, 3))  # per query row
+        worst = int(row_err.argmax())
+        emit(check=f"F18 causal B={b} H={h} Lq={lq} Lk={lk} D={d} fp16 window={c['window']}", deterministic=det,
+             rows_without_key=int((~keep.any(-1)).sum()), **compare(a, ref, eager),
+             dq_worst_row=worst, dq_worst_row_got=r4(a["dq"][:, worst].abs().max().item()),
+             dq_worst_row_expected=r4(ref["dq"][:, worst].abs().max().item()))
+
+
+def f19(det):
+    for c in (dict(l=576, d=16, dtype=F16, causal=False), dict(l=7232, d=16, dtype=F16, causal=False),
+              dict(l=7232, d=72, dtype=BF16, causal=True), dict(l=576, d=64, dtype=F16, causal=False)):
+        torch.manual_seed(0)
+        hq, hkv, l, d, dt = 6, 3, c["l"], c["d"], c["dtype"]
+        g = hq // hkv
+        q, do = (torch.randn(1, l, hq, d, device=DEV, dtype=dt) for _ in range(2))
+        k, v = (torch.randn(1, l, hkv, d, device=DEV, dtype=dt) for _ in range(2))
+        keep, scale = keep_mask(l, l, c["causal"]), d ** -0.5
+
+        def fa4(q, k, v):
+            return flash_attn_func(q, k, v, softmax_scale=scale, causal=c["causal"], deterministic=det, return_lse=True)
+
+        gqa = fwd_bwd(fa4, q, k, v, do, dt)
+        rep = fwd_bwd(fa4, q, k.repeat_interleave(g, 2), v.repeat_interleave(g, 2), do, dt)
+        for n in ("dk", "dv"):  # back to Hkv heads: sum over each group's query heads
+            rep[n] = rep[n].double().view(1, l, hkv, g, d).sum(3)
+        ref = fwd_bwd(lambda q, k, v: attention(q, k, v, keep, scale), q, k, v, do, F64)
+        eager = fwd_bwd(lambda q, k, v: attention(q, k, v, keep, scale), q, k, v, do, dt)
+        name = f"F19 B=1 Hq={hq} Hkv={hkv} Lq=Lk={l} D={d} {str(dt)[6:]} causal={c['causal']}"
+        for call, a in (("gqa", gqa), ("repeated_kv", rep)):
+            emit(check=name, call=call, deterministic=det, **compare(a, ref, eager))
+        emit(check=name, call="gqa vs repeated_kv", deterministic=det,
+             **{n: r4(((gqa[n].double() - rep[n].double()).norm() / rep[n].double().norm()).item())
+                for n in ("out", "dq", "dk", "dv")})
+
+
+if __name__ == "__main__":
+    emit(torch=torch.__version__, gpu=torch.cuda.get_device_name(), capability=torch.cuda.get_device_capability())
+    for fn, args in ((f17, ()), (f18, (True,)), (f18, (False,)), (f19, (True,)), (f19, (False,))):
+        try:
+            fn(*args)
+        except Exception as e:  # one failing check must not hide the others
+            emit(check=fn.__name__, args=list(args), error=f"{type(e).__name__}: {str(e)[:300]}")
+        torch.cuda.empty_cache()
