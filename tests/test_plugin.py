@@ -130,6 +130,31 @@ def test_a_declared_known_failure_is_reported_as_known_not_as_a_new_failure(pyte
         av.adapter("bad-known", known_failures=["forward_matches_reference"])(lambda q, k, v, spec: q)
 
 
+def test_a_known_finding_with_a_match_covers_only_the_failures_it_matches(pytester):
+    """A declaration narrowed by `match` (a regex over the failure's message) must not hide a different
+    failure of the same property: one per-property declaration could hide every other bug there."""
+    pytester.makeconftest(MINE_WRONG.replace(
+        '@av.adapter("mine")',
+        '@av.adapter("mine", known_failures={"forward_matches_reference": '
+        '{"why": "wrong LSE base (issue 8)", "match": "lse: MISMATCH"}})'))
+    res = pytester.runpytest("--adapter=mine", "-k", "forward_matches_reference", *FAST)
+    out = res.stdout.str()
+    assert res.ret == 1 and res.parseoutcomes().get("failed") == 1, out  # its failure is in out, not lse
+    end = [r for r in _journal(pytester) if r["event"] == "test_end"][0]
+    assert end["outcome"] == "failed" and "does not match it (/lse: MISMATCH/)" in end["message"]
+    pytester.makeconftest(MINE_WRONG.replace(
+        '@av.adapter("mine")',
+        '@av.adapter("mine", known_failures={"forward_matches_reference": '
+        '{"why": "forgets the scale (issue 7)", "match": "out: MISMATCH"}})'))
+    res = pytester.runpytest("--adapter=mine", "-k", "forward_matches_reference", *FAST)
+    assert res.ret == 0 and res.parseoutcomes().get("xfailed") == 1, res.stdout.str()
+    with pytest.raises(ValueError, match="not a regular expression"):
+        av.adapter("bad-match", register=False, known_failures={"contract": {"why": "x", "match": "("}})(
+            lambda q, k, v, spec: q)
+    with pytest.raises(TypeError, match="known_failures"):
+        av.adapter("no-why", register=False, known_failures={"contract": {"match": "x"}})(lambda q, k, v, spec: q)
+
+
 def test_unknown_adapter_is_a_usage_error_listing_known_names(pytester):
     pytester.makeconftest(MINE_OK)
     res = pytester.runpytest("--adapter=nope")

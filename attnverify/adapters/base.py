@@ -6,6 +6,7 @@ so an adapter is never tested on something it did not promise.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
@@ -129,6 +130,9 @@ class Adapter:
     # bug with its evidence). The property still runs; its failure is reported as a known finding
     # (pytest xfail), and a pass as XPASS, so a fix upstream shows.
     known_failures: Dict[str, str] = field(default_factory=dict)
+    # property name -> regular expression a failure's message must match to be that known finding
+    # (from known_failures={prop: {"why": ..., "match": ...}}); a failure that does not match is new
+    known_patterns: Dict[str, str] = field(default_factory=dict)
     # Seconds one example may take at the least under subprocess isolation, whatever --attn-timeout says:
     # for adapters whose first call on a new shape compiles (torch.compile'd flex on a CPU: minutes).
     min_timeout: Optional[float] = None
@@ -167,19 +171,38 @@ def _device_present(dev: str) -> bool:
     return False
 
 
-def validate_known_failures(name: str, known) -> Dict[str, str]:
-    """{property name: reason}; each reason says what fails and where the evidence is."""
+def validate_known_failures(name: str, known) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """{property name: reason} or {property name: {"why": reason, "match": regex}} -> (reasons, patterns).
+    Each reason says what fails and where the evidence is; a `match` narrows the finding to failures whose
+    message it matches (re.search), so the declaration cannot hide a different failure of the property."""
+    usage = (f"attnverify.adapter({name!r}, known_failures=...): give a dict of property name -> reason, e.g. "
+             "{'nonfinite_inputs_propagate': 'swallows NaN rows (upstream issue #123)'}, or -> {'why': reason, "
+             "'match': a regular expression the failure's message must match}")
     if known is None:
-        return {}
-    if not isinstance(known, dict) or not all(isinstance(k, str) and isinstance(v, str) and v.strip()
-                                               for k, v in known.items()):
-        raise TypeError(f"attnverify.adapter({name!r}, known_failures=...): give a dict of property name -> "
-                        "reason, e.g. {'nonfinite_inputs_propagate': 'swallows NaN rows (upstream issue #123)'}")
-    return dict(known)
+        return {}, {}
+    if not isinstance(known, dict) or not all(isinstance(k, str) for k in known):
+        raise TypeError(usage)
+    reasons, patterns = {}, {}
+    for prop, v in known.items():
+        if isinstance(v, dict) and set(v) <= {"why", "match"} and "why" in v:
+            why, pattern = v["why"], v.get("match")
+        else:
+            why, pattern = v, None
+        if not isinstance(why, str) or not why.strip() or not (pattern is None or isinstance(pattern, str)):
+            raise TypeError(usage)
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"attnverify.adapter({name!r}, known_failures[{prop!r}]['match']={pattern!r}): "
+                                 f"not a regular expression ({e})") from None
+            patterns[prop] = pattern
+        reasons[prop] = why
+    return reasons, patterns
 
 
 def adapter(name: str, *, description: str = "", availability=None, refuses=None, register: bool = True,
-            known_failures: Optional[Dict[str, str]] = None, min_timeout: Optional[float] = None, **claims):
+            known_failures: Optional[Dict[str, Any]] = None, min_timeout: Optional[float] = None, **claims):
     """Decorator: declare an attention implementation and what it claims (see SPEC.md)."""
     if not isinstance(name, str) or not name or any(ch in name for ch in " ,:/"):
         raise ValueError(f"attnverify.adapter(name={name!r}): a non-empty name without spaces, ',' ':' or '/'")
@@ -188,13 +211,13 @@ def adapter(name: str, *, description: str = "", availability=None, refuses=None
         raise ValueError(f"attnverify.adapter({name!r}, min_timeout={min_timeout!r}): give seconds > 0 (the least "
                          f"time one example may take, e.g. 600 for an adapter that compiles), or leave it out")
     c = _validate_claims(name, claims)
-    known = validate_known_failures(name, known_failures)
+    known, patterns = validate_known_failures(name, known_failures)
 
     def wrap(fn):
         if not callable(fn):
             raise TypeError(f"attnverify.adapter({name!r}) must decorate a callable (q, k, v, spec)")
         a = Adapter(name=name, fn=fn, claims=c, description=description or (fn.__doc__ or "").strip().split("\n")[0],
-                    availability=availability, refuses=refuses, known_failures=known,
+                    availability=availability, refuses=refuses, known_failures=known, known_patterns=patterns,
                     min_timeout=None if min_timeout is None else float(min_timeout))
         if register:
             from .registry import register_adapter

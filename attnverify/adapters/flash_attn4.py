@@ -233,27 +233,29 @@ def _max_seqlens(spec: Spec):
 # (xfail), and as XPASS once a release fixes them.
 _RUN = "flash-attn-4 4.0.0b36 on an H200 (torch 2.11, thorough run of 2026-12-03)"
 _REPRO = "benchmarks/repro_fa4.py (written, not yet run)"
+# each narrowed by `match` to the failure it describes, so it hides no other failure of its property
+_ONLY_GRADS = r"^(?![\s\S]*\bout: MISMATCH)"  # the output itself is right in F18 and F19
 _H200_FINDINGS = {
-    "no_out_of_bounds": (
+    "no_out_of_bounds": dict(match="varlen segment leak", why=(
         f"{_RUN}: varlen segment leak. B=1 Hq=2 Hkv=1 D=32 fp16, cu_seqlens_q=[0,5,5,136,138], "
         "cu_seqlens_k=[0,129,132,388,389]: NaN placed in v of segment 1 (keys 129..131) made 320 output values of "
         "other segments NaN -- rows outside a segment are read and multiplied by zero probabilities (0 x NaN = NaN); "
         "the SM90 forward offsets varlen K/V with offset_batch_K(ragged=False) (seqlen_info.py). "
-        f"docs/compatibility.md F17; {_REPRO}"),
-    "fully_masked_rows": (
+        f"docs/compatibility.md F17; {_REPRO}")),
+    "fully_masked_rows": dict(match=_ONLY_GRADS + r"[\s\S]*\bdq: MISMATCH", why=(
         f"{_RUN}: wrong dQ when some query rows see no key. B=1 Hq=Hkv=1 Lq=65 Lk=2 D=16 fp16 causal "
         "bottom_right (63 rows see no key): dQ of row 64, which sees both keys, is 0 where up to 0.112 is expected "
         "(15 of 1040 elements wrong, rel L2 0.0345); B=2 Hq=3 Lq=7872 Lk=6464 D=72 fp16 causal bottom_right "
         "window (16, 2): 82.9% of dQ wrong (rel L2 1.33). Output and LSE right in both. Upstream's "
         "tests/cute/test_flash_attn.py skips its gradient check for causal/local with Lk < Lq. "
-        f"docs/compatibility.md F18; {_REPRO}"),
-    "gqa_equals_repeated_kv": (
+        f"docs/compatibility.md F18; {_REPRO}")),
+    "gqa_equals_repeated_kv": dict(match=_ONLY_GRADS + r"(?![\s\S]*\bdq: MISMATCH)[\s\S]*\bd[kv]: MISMATCH", why=(
         f"{_RUN}: GQA backward dK/dV wrong. B=1 Hq=6 Hkv=3 Lq=Lk=576 D=16 fp16, no causal: against the same call on "
         "K/V repeated per group (summed over the group) dK 86.9% and dV 88.3% of elements differ (rel L2 1.15; "
         "1.22 at Lq=Lk=7232); Lq=Lk=7232 D=72 bf16 causal: dK rel L2 0.436, dV 1.12. Output and dQ agree. "
         "Suspected: the fp32 dK/dV accumulation across a group's query heads, serialised by semaphores under "
         "deterministic=True, which the adapter always passes (the repro also runs deterministic=False). "
-        f"docs/compatibility.md F19; {_REPRO}"),
+        f"docs/compatibility.md F19; {_REPRO}")),
 }
 
 
