@@ -504,7 +504,7 @@ class PropertyItem(pytest.Item):
                 msg += f"\n(could not save the case: {type(se).__name__}: {se})"
             info["message"] = msg
             known = self.adapter.known_failures.get(self.prop.name)
-            pattern = getattr(self.adapter, "known_patterns", {}).get(self.prop.name)
+            pattern = self.adapter.known_patterns.get(self.prop.name)
             if known and pattern is not None and not re.search(pattern, msg):
                 # the declared finding is narrower than this failure: a new failure, said so
                 msg += (f"\nnote: {self.adapter.name} declares a known finding for {self.prop.name} ({known}), but "

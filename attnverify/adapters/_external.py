@@ -150,6 +150,18 @@ def segments(spec) -> list:
     return list(zip(cq, cq[1:], ck, ck[1:]))
 
 
+def varlen_args(spec, device):
+    """(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of a varlen Spec as the packed-sequence APIs
+    take them: int32 contiguous offsets on `device`, host-int maxima (the true ones when the Spec leaves
+    them out: FA2/FA3 size their grids from them, FA4's backward its semaphores)."""
+    cu_q, cu_k = (torch.as_tensor(c, device=device).to(torch.int32).contiguous()
+                  for c in (spec.cu_seqlens_q, spec.cu_seqlens_k))
+    segs = segments(spec)
+    mq = int(spec.max_seqlen_q) if spec.max_seqlen_q is not None else max((b - a for a, b, _, _ in segs), default=0)
+    mk = int(spec.max_seqlen_k) if spec.max_seqlen_k is not None else max((b - a for _, _, a, b in segs), default=0)
+    return cu_q, cu_k, mq, mk
+
+
 def positional_mask_only(spec) -> bool:
     """True when the spec hides keys only by causal/window/varlen (no attn_mask)."""
     return spec.attn_mask is None

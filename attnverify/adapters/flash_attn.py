@@ -42,7 +42,8 @@ from typing import Optional
 import torch
 
 from ..spec import Output, Spec
-from ._external import bshd, dist_version, gpu_library_reason, last_dim_contiguous, segments, version_tuple
+from ._external import (bshd, dist_version, gpu_library_reason, last_dim_contiguous, segments, varlen_args,
+                        version_tuple)
 from ..devices import cuda_present
 from .base import adapter
 
@@ -212,10 +213,7 @@ def flash_attn2(q, k, v, spec: Spec):
     )
     _seed(spec, q.device)
     if spec.is_varlen:
-        cu_q = torch.as_tensor(spec.cu_seqlens_q, device=q.device).to(torch.int32).contiguous()
-        cu_k = torch.as_tensor(spec.cu_seqlens_k, device=q.device).to(torch.int32).contiguous()
-        res = flash_attn_varlen_func(_packed(q), _packed(k), _packed(v), cu_q, cu_k,
-                                     int(spec.max_seqlen_q or 0), int(spec.max_seqlen_k or 0), **kw)
+        res = flash_attn_varlen_func(_packed(q), _packed(k), _packed(v), *varlen_args(spec, q.device), **kw)
         out, lse, s_dmask = (res if want_probs else (res, None, None))
         out = _unpacked(out)
         lse = lse.unsqueeze(0) if lse is not None else None  # (H, total) -> (1, H, total)
@@ -297,10 +295,7 @@ def flash_attn3(q, k, v, spec: Spec):
     if "return_attn_probs" in inspect.signature(fn).parameters:
         kw["return_attn_probs"] = True  # newer FA3: (out, lse) only when asked; older: always
     if spec.is_varlen:
-        cu_q = torch.as_tensor(spec.cu_seqlens_q, device=q.device).to(torch.int32).contiguous()
-        cu_k = torch.as_tensor(spec.cu_seqlens_k, device=q.device).to(torch.int32).contiguous()
-        res = fn(_packed(q), _packed(k), _packed(v), cu_q, cu_k, int(spec.max_seqlen_q or 0),
-                 int(spec.max_seqlen_k or 0), **kw)
+        res = fn(_packed(q), _packed(k), _packed(v), *varlen_args(spec, q.device), **kw)
         out, lse = (res[0], res[1]) if isinstance(res, tuple) else (res, None)
         out = _unpacked(out)
         lse = lse.unsqueeze(0) if lse is not None else None

@@ -127,7 +127,7 @@ from typing import Optional
 import torch
 
 from ..spec import Output, Spec
-from ._external import bshd, dist_version, gpu_library_reason, installed, segments
+from ._external import bshd, dist_version, gpu_library_reason, installed, varlen_args
 from .base import adapter
 from .flash_attn import _lse_out, _packed, _unpacked
 
@@ -218,17 +218,6 @@ def _window(spec: Spec):
     return tuple(None if int(w) < 0 else int(w) for w in spec.window)
 
 
-def _max_seqlens(spec: Spec):
-    segs = segments(spec)
-    mq = max((q1 - q0 for q0, q1, _, _ in segs), default=0)
-    mk = max((k1 - k0 for _, _, k0, k1 in segs), default=0)
-    if spec.max_seqlen_q is not None:
-        mq = int(spec.max_seqlen_q)
-    if spec.max_seqlen_k is not None:
-        mk = int(spec.max_seqlen_k)
-    return mq, mk
-
-
 # Measured on an H200 (module docstring, "Measured"): the properties still run and report these as known
 # (xfail), and as XPASS once a release fixes them.
 _RUN = "flash-attn-4 4.0.0b36 on an H200 (torch 2.11, thorough run of 2026-12-03)"
@@ -291,9 +280,7 @@ def flash_attn4(q, k, v, spec: Spec):
     kw = dict(softmax_scale=spec.resolved_scale(d), causal=spec.causal == "bottom_right", window_size=_window(spec),
               softcap=float(spec.softcap or 0.0), deterministic=True, return_lse=bool(spec.return_lse))
     if spec.is_varlen:
-        cu_q = torch.as_tensor(spec.cu_seqlens_q, device=q.device).to(torch.int32).contiguous()
-        cu_k = torch.as_tensor(spec.cu_seqlens_k, device=q.device).to(torch.int32).contiguous()
-        mq, mk = _max_seqlens(spec)
+        cu_q, cu_k, mq, mk = varlen_args(spec, q.device)
         # by keyword: the 4th positional parameter is qv
         out, lse = flash_attn_varlen_func(_packed(q), _packed(k), _packed(v), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                                           max_seqlen_q=mq, max_seqlen_k=mk, **kw)

@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 
 from ..spec import Spec
-from ._external import bshd, gpu_library_reason, last_dim_contiguous
+from ._external import bshd, gpu_library_reason, last_dim_contiguous, varlen_args
 from .base import adapter
 
 _PROBE = r"""
@@ -137,11 +137,9 @@ def te(q, k, v, spec: Spec):
     if spec.dropout_p > 0:
         torch.manual_seed(int(spec.seed or 0))
     if spec.is_varlen:
-        cu_q = torch.as_tensor(spec.cu_seqlens_q, device=q.device).to(torch.int32).contiguous()
-        cu_k = torch.as_tensor(spec.cu_seqlens_k, device=q.device).to(torch.int32).contiguous()
+        cu_q, cu_k, mq, mk = varlen_args(spec, q.device)
         tq, tk, tv = (last_dim_contiguous(t[0].transpose(0, 1)) for t in (q, k, v))  # (T, H, D)
-        out = mod(tq, tk, tv, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, max_seqlen_q=int(spec.max_seqlen_q or 0),
-                  max_seqlen_kv=int(spec.max_seqlen_k or 0), **kw)
+        out = mod(tq, tk, tv, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, max_seqlen_q=mq, max_seqlen_kv=mk, **kw)
         return out.view(lq, hq, dv).transpose(0, 1).unsqueeze(0)
     out = mod(bshd(q), bshd(k), bshd(v), **kw)  # (B, Sq, H * Dv)
     return out.view(b, lq, hq, dv).transpose(1, 2)

@@ -136,9 +136,12 @@ def run_property(
     test._hypothesis_internal_database_key = _db_key(prop, adapter, profile)
     try:
         test()
-    except Unsatisfiable as e:
+    except BaseException as e:
         if state["last_fail"] is not None:
-            raise AssertionError(_failure_text(prop, adapter, *state["last_fail"], report_dir, profile, state)) from None
+            drawn, res = state["last_fail"]
+            raise AssertionError(_failure_text(prop, adapter, drawn, res, report_dir, profile, state)) from None
+        if not isinstance(e, Unsatisfiable):
+            raise
         if state["n"] == 0:
             # every case the property draws lies outside what the adapter accepts (e.g. sdpa-cudnn and
             # causal_alignment, which needs causal with Lq != Lk): nothing to judge, so a skip that says why
@@ -148,11 +151,6 @@ def run_property(
             raise PropertySkipped(f"{adapter.name} accepts none of the cases {prop.name} draws: {why}") from None
         # the @example corpus was judged and passed; generation found nothing else the adapter accepts
         run.statuses["generation_refused"] = 1
-    except BaseException as e:
-        if state["last_fail"] is None:
-            raise
-        drawn, res = state["last_fail"]
-        raise AssertionError(_failure_text(prop, adapter, drawn, res, report_dir, profile, state)) from None
     run.examples = state["n"]
     run.seconds = time.perf_counter() - t0
     return run
