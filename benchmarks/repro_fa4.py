@@ -171,8 +171,47 @@ def f19(det):
                 for n in ("out", "dq", "dk", "dv")})
 
 
+def rounded(d, multiple):
+    return -(-d // multiple) * multiple
+
+
+def hdim_sweep(dims, l=256):
+    """The suspected cause of F18/F19: for head dims up to 128 the SM90 backward kernel rounds its tile
+    head dim to a multiple of 16 (flash_bwd_sm90.py: 64 with dKV_swapAB, else 16), while interface.py
+    allocates and post-processes the fp32 dQ (and, for GQA, dK/dV) accumulators with the head dim rounded
+    to 32. Where the two differ (D = 16, 48, 72, 80, 112, ...) accumulator blocks after the first 64 rows
+    are read from the wrong place. One GQA call per D (Hq=4, Hkv=2, Lq=Lk=l, fp16): dQ for every D,
+    dK/dV through the GQA accumulators."""
+    for d in dims:
+        torch.manual_seed(0)
+        q, do = (torch.randn(1, l, 4, d, device=DEV, dtype=F16) for _ in range(2))
+        k, v = (torch.randn(1, l, 2, d, device=DEV, dtype=F16) for _ in range(2))
+        keep, scale = keep_mask(l, l), d ** -0.5
+        try:
+            a = fwd_bwd(lambda q, k, v: flash_attn_func(q, k, v, softmax_scale=scale, return_lse=True), q, k, v, do, F16)
+        except Exception as e:
+            emit(check=f"hdim D={d}", error=f"{type(e).__name__}: {str(e)[:200]}")
+            continue
+        ref = fwd_bwd(lambda q, k, v: attention(q, k, v, keep, scale), q, k, v, do, F64)
+        eager = fwd_bwd(lambda q, k, v: attention(q, k, v, keep, scale), q, k, v, do, F16)
+        res = compare(a, ref, eager)
+        for n in ("dq", "dk", "dv"):  # the first sequence row with an element past the eager bound
+            err, bound = (a[n].double() - ref[n]).abs(), 2 * (eager[n].double() - ref[n]).abs().max() + 1e-3
+            rows = (err > bound).any(-1).any(-1)[0].nonzero()
+            res[n]["first_bad_row"] = int(rows[0]) if len(rows) else None
+        emit(check=f"hdim D={d} B=1 Hq=4 Hkv=2 Lq=Lk={l} fp16", kernel_tile_hdim=rounded(d, 16),
+             accum_hdim=rounded(d, 32), predicted_wrong=rounded(d, 16) != rounded(d, 32),
+             **{n: res[n] for n in ("out", "dq", "dk", "dv")})
+        torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
+    import sys
+
     emit(torch=torch.__version__, gpu=torch.cuda.get_device_name(), capability=torch.cuda.get_device_capability())
+    if sys.argv[1:2] == ["hdim"]:  # python benchmarks/repro_fa4.py hdim 16 32 48 ...
+        hdim_sweep([int(x) for x in sys.argv[2:]] or [8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128])
+        sys.exit(0)
     for fn, args in ((f17, ()), (f18, (True,)), (f18, (False,)), (f19, (True,)), (f19, (False,))):
         try:
             fn(*args)

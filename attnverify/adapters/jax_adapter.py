@@ -169,12 +169,25 @@ def _compact(t: torch.Tensor) -> bool:
     return True
 
 
+# XLA requires every entry parameter of an executable to be 16-byte aligned, but jax's DLPack import
+# takes a misaligned GPU buffer without copying; the executable then fails with INTERNAL "Address of
+# buffer N must be a multiple of 10" (hex), reported when the output is read (H200, jax 0.11.2; F20).
+_XLA_ALIGN = 16
+
+
+def _importable(t: torch.Tensor) -> torch.Tensor:
+    """t, or a copy JAX can use: compact strides and a 16-byte aligned start."""
+    if not _compact(t):  # sliced / broadcast (stride 0) views: JAX accepts only compact strides
+        return t.contiguous()
+    if t.numel() and t.data_ptr() % _XLA_ALIGN:  # e.g. one batch element sliced out of a bool mask
+        return t.clone(memory_format=torch.preserve_format)
+    return t
+
+
 def _to_jax(t: torch.Tensor):
     jax = _jax()
     dev = jax.devices("gpu" if t.is_cuda else "cpu")[0]
-    t = t.detach()
-    if not _compact(t):  # sliced / broadcast (stride 0) views: JAX accepts only compact strides
-        t = t.contiguous()
+    t = _importable(t.detach())
     x = jax.dlpack.from_dlpack(t)
     return x if x.devices() == {dev} else jax.device_put(x, dev)
 
