@@ -1,29 +1,28 @@
-"""Standalone: FlashAttention-4 (flash_attn.cute, SM90 path) findings F17, F18, F19 (docs/compatibility.md).
+"""Standalone: FlashAttention-4 (flash_attn.cute, SM90 path) findings F17 and F18 (docs/compatibility.md).
 
-    pip install flash-attn-4          # 4.0.0b36 was measured ("flash-attn-4[cu13]" with CUDA 13)
-    python benchmarks/repro_fa4.py    # on an H100/H200; needs torch and flash_attn.cute only
+    pip install flash-attn-4                    # 4.0.0b36 was measured ("flash-attn-4[cu13]" with CUDA 13)
+    python benchmarks/repro_fa4.py              # on an H100/H200; needs torch and flash_attn.cute only
+    python benchmarks/repro_fa4.py hdim 16 64   # F18's head-dim sweep (default: 13 head dims)
 
 Prints one JSON line per check. Every tensor is compared with a float64 reference computed here:
 rel_l2 and max_abs are the kernel's error, eager_rel_l2 that of the same formula run eagerly in the
 input dtype (upstream's yardstick: a kernel within ~2x of it is right), bad the fraction of elements
-whose error exceeds twice the eager maximum plus one rounding, nan the kernel's NaN count. Inputs are randn with seed 0,
-not attnverify's draws, so the figures differ from those below; whether an error is there should not.
+whose error exceeds twice the eager maximum plus one rounding, nan the kernel's NaN count. Inputs are
+randn with seed 0, not attnverify's draws.
 
-What attnverify saw (H200, torch 2.11.0+cu130, flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1 cu13;
-`attnverify run --adapter flash-attn4 --profile thorough --max-examples 6`, 2026-12-03; the adapter
-always passes deterministic=True):
-- F17 no_out_of_bounds: varlen B=1 Hq=2 Hkv=1 D=32 fp16, cu_seqlens_q=[0,5,5,136,138],
-  cu_seqlens_k=[0,129,132,388,389]: NaN in v of segment 1 (keys 129..131) made 320 output values of
-  other segments NaN (rows outside a segment are read and multiplied by zero probabilities).
-- F18 fully_masked_rows: B=1 H=1 Lq=65 Lk=2 D=16 fp16 causal (bottom-right, 63 rows see no key): dQ of
-  row 64, which sees both keys, is 0 where up to 0.112 is expected (15 of 1040 wrong, rel L2 0.0345);
-  B=2 H=3 Lq=7872 Lk=6464 D=72 fp16 causal window (16, 2): 82.9% of dQ wrong (rel L2 1.33). Output and
-  LSE right. (That run did not record Hkv of the second case; Hkv=3 here keeps F19 out of it.)
-- F19 gqa_equals_repeated_kv: B=1 Hq=6 Hkv=3 Lq=Lk=576 D=16 fp16: dK 86.9%, dV 88.3% of elements differ
-  from the same call on K/V repeated per group, summed over the group (rel L2 1.15; 1.22 at 7232);
-  Lq=Lk=7232 D=72 bf16 causal: dK rel L2 0.436, dV 1.12. Output and dQ agree. Here both calls are also
-  compared with float64, with deterministic=True and False: which call is wrong, and whether the
-  deterministic (semaphore) path is the cause. D=64 is a control from upstream's GQA test grid.
+Measured on an H200 (torch 2.11.0+cu130, flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1 cu13, 2026-12-03):
+- F17 (varlen leak): NaN in v of segment 1 (keys 129..131, no queries) -> nan_per_segment [320, 0, 0, 0]:
+  all of segment 0 (5 rows x 2 heads x 32), whose last key tile runs into segment 1. NaN in k: none.
+  The clean varlen output is right (rel L2 1.8e-4).
+- F18 (backward accumulator head-dim stride): dQ of rows >= 64 wrong, and with GQA dK/dV of rows >= 64,
+  whenever D rounded up to 16 is not a multiple of 32. Lq=65 Lk=2 D=16 causal: dQ of row 64 is 0 where
+  0.629 is expected. Hq=6 Hkv=3 Lq=Lk=576 D=16: dQ bad 87% in the GQA call *and* in the call on repeated
+  K/V (the two agree, which is why attnverify's gqa_equals_repeated_kv saw only dK/dV: F19, the same bug),
+  dK/dV bad 87% with GQA and right without. D=72 bf16 causal Lq=Lk=7232: dQ rel L2 1.14. D=64: all right.
+  deterministic=True and False give the same numbers. `hdim` sweep (Hq=4 Hkv=2 Lq=Lk=256 fp16): D = 8,
+  16, 40, 48, 72, 80 wrong from row 64 (dQ, dK, dV: rel L2 0.87-1.16, 71-74% of elements), D = 24, 32,
+  56, 64, 96, 128 right (rel L2 <= 3.2e-4, below the eager fp16 error), D = 112: the backward does not
+  compile (MLIRError "failed to partition (112,80) with tiled_mma", F21).
 """
 import json
 import math

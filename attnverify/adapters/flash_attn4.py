@@ -64,8 +64,7 @@ records the H200 status. The probe reports other architectures as unavailable: S
   "treat negative n_blocks as 0th n_block" in mask.py; TMA fills block -1 with zeros); empty inputs
   get out.zero_(). -> fully_masked="zeros". In the backward an LSE of -inf becomes lse_log2 = 0
   (flash_bwd_preprocess.py), and the masked scores keep P = 0, so those rows get zero gradients.
-  Measured: the forward holds, but with such rows present dQ of rows that *do* see keys came back wrong
-  (F18, below).
+  Measured: the forward holds; the dQ errors first seen with such rows are F18 (below), not theirs.
 - backward on SM90 (`_flash_attn_bwd`, FlashAttentionBackwardSm90): causal, local windows (is_local,
   runtime left/right), softcap (score_mod_bwd), GQA (fp32 dK/dV accumulators + postprocess), varlen,
   D up to 256 (`_tile_size_bwd_sm90` has a hdim-256 config: "which is what makes head_dim in
@@ -94,29 +93,28 @@ records the H200 status. The probe reports other architectures as unavailable: S
   a cold import of the DSL plus several compiles under load.
 
 Measured on an H200 (torch 2.11.0+cu130, flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1 cu13;
-`attnverify run --adapter flash-attn4 --profile thorough --max-examples 6`, 2026-12-03): 16 of 21
-properties passed; three findings, declared below as `known_failures` (docs/compatibility.md F17-F19;
-benchmarks/repro_fa4.py reproduces them without attnverify -- written, not yet run):
+`attnverify run --adapter flash-attn4 --profile thorough`, 6 and 10 examples per property, 2026-12-03):
+14-16 of 21 properties pass; two library bugs, declared below as `known_failures`, both reproduced by
+benchmarks/repro_fa4.py without attnverify (docs/compatibility.md F17, F18):
 
 - F17 (`no_out_of_bounds`), predicted from the code and confirmed: the SM90 forward offsets varlen K/V
   by the segment start only (seqlen_info.py `offset_batch_K` with ragged=False, called from
   flash_fwd_sm90.py), so a segment's last, partial key tile loads the next segment's rows; their scores
   are masked to -inf but P = 0 times a NaN value row is NaN (the wheel's own docstring says so for paged
   KV). Shrunk case: B=1 Hq=2 Hkv=1 D=32 fp16, cu_seqlens_q=[0,5,5,136,138], cu_seqlens_k=[0,129,132,
-  388,389]; NaN in v of segment 1 (keys 129..131, no queries) made 320 output values of other segments
-  NaN -- as many as segment 0 holds (5 rows x 2 heads x 32), whose 129 keys end in a partial tile just
-  before them. LSE of a row whose scores hold NaN is -inf, not NaN (`Softmax.finalize` treats a NaN
-  row_sum like an empty row); the output row is NaN.
-- F18 (`fully_masked_rows`): wrong dQ when some query rows see no key (causal/local with Lk < Lq).
-  B=1 Hq=Hkv=1 Lq=65 Lk=2 D=16 fp16 causal: rows 0..62 see no key and row 64 sees both, yet its dQ is 0
-  (expected up to 0.112). B=2 Hq=3 Lq=7872 Lk=6464 D=72 fp16 causal, window (16, 2): 82.9% of dQ wrong.
-  Output and LSE right in both. Upstream's tests/cute/test_flash_attn.py (test_flash_attn_output) runs
-  these shapes forward but gates its gradient check with `not ((causal or local) and seqlen_k < seqlen_q)`.
-- F19 (`gqa_equals_repeated_kv`): dK/dV of a GQA call disagree with the same call on K/V repeated per
-  group (summed over the group), e.g. Hq=6 Hkv=3 Lq=Lk=576 D=16 fp16: 87-88% of the elements, rel L2
-  1.15; output and dQ agree. Suspected: the GQA backward's fp32 dK/dV accumulation across a group's
-  query heads, which deterministic=True (always passed here) serialises with semaphores; the repro
-  runs both settings and compares both calls with float64.
+  388,389]; NaN in v of segment 1 (keys 129..131, no queries) made all 320 output values of segment 0
+  NaN (5 rows x 2 heads x 32), whose 129 keys end in a partial tile just before them; NaN in k leaks
+  nothing (masked before use). LSE of a row whose scores hold NaN is -inf, not NaN (`Softmax.finalize`
+  treats a NaN row_sum like an empty row); the output row is NaN.
+- F18 (every property that judges gradients): the SM90 backward kernel rounds its head-dim tile to a
+  multiple of 16 (`FlashAttentionBackwardSm90`: 64 with dKV_swapAB, else 16), while `_flash_attn_bwd`
+  allocates, zeroes and post-processes the fp32 dQ accumulator (and GQA's dK/dV accumulators) with the
+  head dim rounded to 32 (64 with dKV_swapAB). Where the two differ (D = 8, 16, 40, 48, 72, 80, 104) the
+  postprocess reads every block after the first 64 rows at the wrong offset: dQ rows >= 64 (and, with
+  GQA, dK/dV rows >= 64) are wrong, output, LSE and non-GQA dK/dV right. A head-dim sweep confirmed
+  the rule (wrong: 8, 16, 40, 48, 72, 80; right: 24, 32, 56, 64, 96, 128; deterministic True and False
+  alike); D = 112 does not compile its backward (F21). attnverify first saw it as "dQ wrong with fully
+  masked rows" (Lq=65 Lk=2 D=16) and "GQA dK/dV wrong" (F19, D=16 and 72): the same bug.
 """
 from __future__ import annotations
 
@@ -220,31 +218,36 @@ def _window(spec: Spec):
 
 # Measured on an H200 (module docstring, "Measured"): the properties still run and report these as known
 # (xfail), and as XPASS once a release fixes them.
-_RUN = "flash-attn-4 4.0.0b36 on an H200 (torch 2.11, thorough run of 2026-12-03)"
-_REPRO = "benchmarks/repro_fa4.py (written, not yet run)"
-# each narrowed by `match` to the failure it describes, so it hides no other failure of its property
-_ONLY_GRADS = r"^(?![\s\S]*\bout: MISMATCH)"  # the output itself is right in F18 and F19
+_RUN = "flash-attn-4 4.0.0b36 on an H200 (torch 2.11)"
+_REPRO = "benchmarks/repro_fa4.py"
+# Each narrowed by `match` to the failure it describes, so it hides no other failure of its property.
+# F18: head dims whose multiple of 16 is not a multiple of 32 (D <= 128); 104 by the rule, not measured;
+# 112's backward does not compile (F21).
+_ACCUM_DIMS = (8, 16, 40, 48, 72, 80, 104, 112)
+_ONLY_GRADS = r"^(?![\s\S]*\bout: MISMATCH)"  # the output itself is right
+_ACCUM = (_ONLY_GRADS + r"[\s\S]*?shrunk case: [^\n]*\bD=(?:%s)\b[\s\S]*(?:\bd[qkv]: MISMATCH|failed to partition)"
+          % "|".join(map(str, _ACCUM_DIMS)))
+_F18 = (f"{_RUN}: the SM90 backward reads its fp32 accumulators with the wrong head-dim stride when D rounded up "
+        "to 16 is not a multiple of 32 (D in 8, 16, 40, 48, 72, 80, 104): flash_bwd_sm90.py tiles the head dim in "
+        "multiples of 16, interface.py allocates, zeroes and post-processes dQaccum (and GQA's dK/dV accumulators) "
+        "in multiples of 32, so every row past the first 64 of dQ (and, with GQA, of dK/dV) is wrong. Measured "
+        "standalone, Hq=4 Hkv=2 Lq=Lk=256 fp16: D = 8, 16, 40, 48, 72, 80 wrong from row 64 (72-74% of dQ, dK, dV "
+        "elements, rel L2 0.87-1.16), D = 24, 32, 56, 64, 96, 128 right; D = 112 fails to compile ('failed to "
+        "partition (112,80)', F21). Output, LSE and non-GQA dK/dV right; deterministic True or False alike. "
+        "Upstream tests the backward at D in {64, 96, 128, 192}. First seen as Lq=65 Lk=2 D=16 causal (dQ of "
+        "row 64 zero) and Hq=6 Hkv=3 Lq=Lk=576 D=16 (dK/dV, F19). "
+        f"docs/compatibility.md F18; {_REPRO} hdim")
 _H200_FINDINGS = {
-    "no_out_of_bounds": dict(match="varlen segment leak", why=(
+    "no_out_of_bounds": dict(match="varlen segment leak|" + _ACCUM, why=(
         f"{_RUN}: varlen segment leak. B=1 Hq=2 Hkv=1 D=32 fp16, cu_seqlens_q=[0,5,5,136,138], "
-        "cu_seqlens_k=[0,129,132,388,389]: NaN placed in v of segment 1 (keys 129..131) made 320 output values of "
-        "other segments NaN -- rows outside a segment are read and multiplied by zero probabilities (0 x NaN = NaN); "
-        "the SM90 forward offsets varlen K/V with offset_batch_K(ragged=False) (seqlen_info.py). "
-        f"docs/compatibility.md F17; {_REPRO}")),
-    "fully_masked_rows": dict(match=_ONLY_GRADS + r"[\s\S]*\bdq: MISMATCH", why=(
-        f"{_RUN}: wrong dQ when some query rows see no key. B=1 Hq=Hkv=1 Lq=65 Lk=2 D=16 fp16 causal "
-        "bottom_right (63 rows see no key): dQ of row 64, which sees both keys, is 0 where up to 0.112 is expected "
-        "(15 of 1040 elements wrong, rel L2 0.0345); B=2 Hq=3 Lq=7872 Lk=6464 D=72 fp16 causal bottom_right "
-        "window (16, 2): 82.9% of dQ wrong (rel L2 1.33). Output and LSE right in both. Upstream's "
-        "tests/cute/test_flash_attn.py skips its gradient check for causal/local with Lk < Lq. "
-        f"docs/compatibility.md F18; {_REPRO}")),
-    "gqa_equals_repeated_kv": dict(match=_ONLY_GRADS + r"(?![\s\S]*\bdq: MISMATCH)[\s\S]*\bd[kv]: MISMATCH", why=(
-        f"{_RUN}: GQA backward dK/dV wrong. B=1 Hq=6 Hkv=3 Lq=Lk=576 D=16 fp16, no causal: against the same call on "
-        "K/V repeated per group (summed over the group) dK 86.9% and dV 88.3% of elements differ (rel L2 1.15; "
-        "1.22 at Lq=Lk=7232); Lq=Lk=7232 D=72 bf16 causal: dK rel L2 0.436, dV 1.12. Output and dQ agree. "
-        "Suspected: the fp32 dK/dV accumulation across a group's query heads, serialised by semaphores under "
-        "deterministic=True, which the adapter always passes (the repro also runs deterministic=False). "
-        f"docs/compatibility.md F19; {_REPRO}")),
+        "cu_seqlens_k=[0,129,132,388,389]: NaN placed in v of segment 1 (keys 129..131) made all 320 output values "
+        "of segment 0 NaN (reproduced standalone; NaN in k instead leaks nothing) -- a segment's partial last key "
+        "tile reads the next segment's rows and multiplies them by zero probabilities (0 x NaN = NaN); the SM90 "
+        "forward offsets varlen K/V with offset_batch_K(ragged=False) (seqlen_info.py). docs/compatibility.md "
+        f"F17; {_REPRO}. Also F18 when the case's backward has an affected D. {_F18}")),
+    **{prop: dict(match=_ACCUM, why=_F18) for prop in (
+        "gradients_match_reference", "fully_masked_rows", "gqa_equals_repeated_kv", "outputs_fully_written",
+        "non_default_stream")},
 }
 
 
