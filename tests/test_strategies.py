@@ -153,3 +153,24 @@ def test_corpus_is_claimed_and_complete():
         for r in corpus(a, profile="ci"):
             assert unclaimed(a, av.build_case(r)) is None
     assert all(r.dtype == "float16" and r.head_dim in (64, 96) for r in corpus(restricted, profile="ci"))
+
+
+def test_corpus_keeps_big_tile_templates_within_the_ci_cap():
+    """flex on the CPU claims 128 x 128 tiles; built from them, half of the corpus (the varlen pack among it,
+    389 keys) was over the ci profile's length cap and dropped, and with it the case that shows F16. Such
+    templates are rebuilt from smaller tiles: every label the 16 x 16 build has, the 128 x 128 adapter
+    keeps, within the cap, and the varlen pack still crosses one of the adapter's own key tiles."""
+    import dataclasses
+
+    from attnverify.strategies._profiles import profile_limits
+
+    naive = get("naive")
+    big = dataclasses.replace(naive, claims=dataclasses.replace(naive.claims, tiles=(128, 128)))
+    small_labels = {r.tags[0] for r in corpus(dataclasses.replace(naive, claims=dataclasses.replace(
+        naive.claims, tiles=(16, 16))), profile="ci")}
+    got = {r.tags[0]: r for r in corpus(big, profile="ci")}
+    assert set(got) == small_labels and "varlen-multi-segment" in got
+    cap = max(profile_limits("ci").max_len, 256)
+    assert all(max(r.len_q, r.len_k) <= cap for r in got.values())
+    assert max(got["varlen-multi-segment"].seqlens_k) > 0 and got["varlen-multi-segment"].len_k > 128
+    assert got["two-tile"].len_k == 256  # fits at the adapter's own tile size: not shrunk

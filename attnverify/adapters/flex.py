@@ -253,19 +253,22 @@ def _claims() -> dict:
 _DIFFERENT_KV = ("accepts k and v of different lengths and returns finite numbers where eager flex_attention "
                  "raises (docs/compatibility.md F8)")
 _DIFFERENT_KV_MSG = "k and v of different lengths"  # what the contract property's message says
+# F16: FlexAttention's own document-mask recipe for packed sequences, on both devices
+_DOC_LEAK = ("computes whole key blocks and masks inside them, so packed documents that share a block multiply "
+             "each other's values by P = 0: NaN in one document's V made 4,736 outputs of other documents NaN "
+             "(B=1 Hq=2 Hkv=1 Lq=74 Lk=197 D=32 fp32, cu_seqlens_k=[0,65,68,196,197]; the document mask_mod is "
+             "FlexAttention's own recipe; docs/compatibility.md F16, benchmarks/repro_flex_docmask_nan.py)")
+_DOC_LEAK_MSG = "varlen segment leak"
 _CPU_FINDINGS = {
     "nonfinite_inputs_propagate": "compiled flex_attention on the CPU (torch 2.13) returns 0 for a query row "
                                   "holding NaN (docs/compatibility.md F2)",
     "contract": {"why": "compiled flex_attention on the CPU (torch 2.13) " + _DIFFERENT_KV, "match": _DIFFERENT_KV_MSG},
+    "no_out_of_bounds": {"why": "compiled flex_attention on the CPU (torch 2.13) " + _DOC_LEAK, "match": _DOC_LEAK_MSG},
 }
 # thorough run on the H200 (torch 2.11), 2026-12-03
 _GPU_FINDINGS = {
     "contract": {"why": "compiled flex_attention on CUDA (torch 2.11, H200) " + _DIFFERENT_KV, "match": _DIFFERENT_KV_MSG},
-    "no_out_of_bounds": {"match": "varlen segment leak", "why":
-                        "flex_attention on CUDA (torch 2.11, H200) computes whole 128-key blocks and masks "
-                        "inside them, so documents that share a block multiply each other's values by P = 0: NaN "
-                        "in one document's V made 4,736 outputs of other documents NaN (the document mask_mod is "
-                        "FlexAttention's own recipe for packed sequences; docs/compatibility.md F16)"},
+    "no_out_of_bounds": {"why": "flex_attention on CUDA (torch 2.11, H200) " + _DOC_LEAK, "match": _DOC_LEAK_MSG},
 }
 
 

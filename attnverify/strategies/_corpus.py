@@ -97,8 +97,16 @@ def corpus(adapter, *, profile: str = "dev", device: str = "auto",
     limits = profile_limits(profile)
     dev = adapter.run_device(device)
     out = []
-    for t in templates(adapter.claims.tiles):
-        r = _bend(t, adapter, dev, limits)
+    # a template sized from big tiles (a multiple of 128) can exceed the profile's length cap; it is then
+    # built again from smaller tiles rather than dropped: its segments and tile crossings still share
+    # the adapter's real tiles (flex on the CPU lost its varlen pack this way and with it F16)
+    bm, bn = adapter.claims.tiles or (16, 16)
+    sizes = [(bm, bn)]
+    while min(sizes[-1]) > 16:
+        sizes.append((max(16, sizes[-1][0] // 2), max(16, sizes[-1][1] // 2)))
+    variants = [templates(t) for t in sizes]
+    for i in range(len(variants[0])):
+        r = next((b for b in (_bend(v[i], adapter, dev, limits) for v in variants) if b is not None), None)
         if r is not None and adapt is not None:
             r = adapt(r)
         if r is None:
