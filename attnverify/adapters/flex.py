@@ -55,6 +55,7 @@ import torch
 
 from ..spec import Output, Spec
 from ._external import segments, version_tuple
+from ._findings import DIFFERENT_KV, NAN_Q_ROW_SWALLOWED
 from ..devices import cuda_present
 from .base import adapter
 
@@ -252,7 +253,6 @@ def _claims() -> dict:
 
 _DIFFERENT_KV = ("accepts k and v of different lengths and returns finite numbers where eager flex_attention "
                  "raises (docs/compatibility.md F8)")
-_DIFFERENT_KV_MSG = "k and v of different lengths"  # what the contract property's message says
 # F16: FlexAttention's own document-mask recipe for packed sequences, on both devices
 _DOC_LEAK = ("computes whole key blocks and masks inside them, so packed documents that share a block multiply "
              "each other's values by P = 0: NaN in one document's V made 4,736 outputs of other documents NaN "
@@ -260,14 +260,14 @@ _DOC_LEAK = ("computes whole key blocks and masks inside them, so packed documen
              "FlexAttention's own recipe; docs/compatibility.md F16, benchmarks/repro_flex_docmask_nan.py)")
 _DOC_LEAK_MSG = "varlen segment leak"
 _CPU_FINDINGS = {
-    "nonfinite_inputs_propagate": "compiled flex_attention on the CPU (torch 2.13) returns 0 for a query row "
-                                  "holding NaN (docs/compatibility.md F2)",
-    "contract": {"why": "compiled flex_attention on the CPU (torch 2.13) " + _DIFFERENT_KV, "match": _DIFFERENT_KV_MSG},
+    "nonfinite_inputs_propagate": {"why": "compiled flex_attention on the CPU (torch 2.13) returns 0 for a query row "
+                                          "holding NaN (docs/compatibility.md F2)", "match": NAN_Q_ROW_SWALLOWED},
+    "contract": {"why": "compiled flex_attention on the CPU (torch 2.13) " + _DIFFERENT_KV, "match": DIFFERENT_KV},
     "no_out_of_bounds": {"why": "compiled flex_attention on the CPU (torch 2.13) " + _DOC_LEAK, "match": _DOC_LEAK_MSG},
 }
 # thorough run on the H200 (torch 2.11), 2026-12-03
 _GPU_FINDINGS = {
-    "contract": {"why": "compiled flex_attention on CUDA (torch 2.11, H200) " + _DIFFERENT_KV, "match": _DIFFERENT_KV_MSG},
+    "contract": {"why": "compiled flex_attention on CUDA (torch 2.11, H200) " + _DIFFERENT_KV, "match": DIFFERENT_KV},
     "no_out_of_bounds": {"why": "flex_attention on CUDA (torch 2.11, H200) " + _DOC_LEAK, "match": _DOC_LEAK_MSG},
 }
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 
 from ..spec import Spec
-from .base import Adapter, Claims, _validate_claims
+from ._findings import DIFFERENT_KV, NAN_Q_ROW_SWALLOWED
+from .base import Adapter, Claims, _validate_claims, validate_known_failures
 from .registry import register_adapter
 from ..devices import cuda_present
 
@@ -175,10 +176,10 @@ def _call(q, k, v, spec: Spec, backend: str):
 # Measured findings about PyTorch's kernels (docs/tolerances.md, "Findings about the backends"): the
 # properties still run and report them as known (xfail), and as XPASS once a torch release fixes them.
 _CPU_FLASH_FINDINGS = {
-    "nonfinite_inputs_propagate": "CPU flash (torch 2.13) returns 0 for a query row holding NaN instead of NaN "
-                                  "(docs/tolerances.md)",
-    "contract": "CPU flash (torch 2.13) accepts k and v of different lengths and returns finite numbers "
-                "(docs/tolerances.md)",
+    "nonfinite_inputs_propagate": {"why": "CPU flash (torch 2.13) returns 0 for a query row holding NaN instead "
+                                          "of NaN (docs/tolerances.md)", "match": NAN_Q_ROW_SWALLOWED},
+    "contract": {"why": "CPU flash (torch 2.13) accepts k and v of different lengths and returns finite numbers "
+                        "(docs/tolerances.md)", "match": DIFFERENT_KV},
 }
 
 
@@ -219,6 +220,7 @@ def _known_failures(backend: str) -> dict:
 
 
 def _make(name: str, backend: str, description: str) -> Adapter:
+    known, patterns = validate_known_failures(name, _known_failures(backend))
     a = Adapter(
         name=name,
         fn=lambda q, k, v, spec: _call(q, k, v, spec, backend),
@@ -226,7 +228,8 @@ def _make(name: str, backend: str, description: str) -> Adapter:
         description=description,
         availability=_availability(backend),
         refuses=_refuses(backend),
-        known_failures=_known_failures(backend),
+        known_failures=known,
+        known_patterns=patterns,
     )
     return register_adapter(a)
 
