@@ -125,6 +125,7 @@ from typing import Optional
 import torch
 
 from ..spec import Output, Spec
+from ._findings import OUTPUT_RIGHT, VARLEN_LEAK
 from ._external import bshd, dist_version, gpu_library_reason, installed, varlen_args
 from .base import adapter
 from .flash_attn import _lse_out, _packed, _unpacked
@@ -224,8 +225,7 @@ _REPRO = "benchmarks/repro_fa4.py"
 # F18: head dims whose multiple of 16 is not a multiple of 32 (D <= 128); 104 by the rule, not measured;
 # 112's backward does not compile (F21).
 _ACCUM_DIMS = (8, 16, 40, 48, 72, 80, 104, 112)
-_ONLY_GRADS = r"^(?![\s\S]*\bout: MISMATCH)"  # the output itself is right
-_ACCUM = (_ONLY_GRADS + r"[\s\S]*?shrunk case: [^\n]*\bD=(?:%s)\b[\s\S]*(?:\bd[qkv]: MISMATCH|failed to partition)"
+_ACCUM = (OUTPUT_RIGHT + r"[\s\S]*?shrunk case: [^\n]*\bD=(?:%s)\b[\s\S]*(?:\bd[qkv]: MISMATCH|failed to partition)"
           % "|".join(map(str, _ACCUM_DIMS)))
 _F18 = (f"{_RUN}: the SM90 backward reads its fp32 accumulators with the wrong head-dim stride when D rounded up "
         "to 16 is not a multiple of 32 (D in 8, 16, 40, 48, 72, 80, 104): flash_bwd_sm90.py tiles the head dim in "
@@ -238,7 +238,7 @@ _F18 = (f"{_RUN}: the SM90 backward reads its fp32 accumulators with the wrong h
         "row 64 zero) and Hq=6 Hkv=3 Lq=Lk=576 D=16 (dK/dV, F19). "
         f"docs/compatibility.md F18; {_REPRO} hdim")
 _H200_FINDINGS = {
-    "no_out_of_bounds": dict(match="varlen segment leak|" + _ACCUM, why=(
+    "no_out_of_bounds": dict(match=VARLEN_LEAK + "|" + _ACCUM, why=(
         f"{_RUN}: varlen segment leak. B=1 Hq=2 Hkv=1 D=32 fp16, cu_seqlens_q=[0,5,5,136,138], "
         "cu_seqlens_k=[0,129,132,388,389]: NaN placed in v of segment 1 (keys 129..131) made all 320 output values "
         "of segment 0 NaN (reproduced standalone; NaN in k instead leaks nothing) -- a segment's partial last key "
