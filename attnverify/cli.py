@@ -5,7 +5,8 @@
     attnverify repro FILE            # reports/cases/<id>.json, or a results.jsonl: its dangling case
     attnverify report DIR
 
-Exit status: 0 all held, 1 a property failed, 2 usage error, 3 internal error.
+Exit status: 0 all held, 1 a property failed, 2 usage error or nothing tested (an adapter unavailable
+here or every property skipped; `run --allow-untested` accepts that), 3 internal error.
 """
 from __future__ import annotations
 
@@ -88,6 +89,8 @@ def pytest_args_for_run(ns, extra: List[str], *, gpu: Optional[bool] = None, out
                       ("--attn-isolate", ns.isolate), ("--attn-timeout", ns.timeout)):
         if val is not None:
             args.append(f"{flag}={val}")
+    if getattr(ns, "allow_untested", False):
+        args.append("--attn-allow-untested")
     if ns.numprocesses is not None:
         args += ["-n", str(ns.numprocesses)]
     if ns.keyword:
@@ -322,6 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-k", dest="keyword", help="pytest -k expression over test ids")
     r.add_argument("-q", "--quiet", action="store_true")
     r.add_argument("--no-html", action="store_true", help="do not render reports/index.html afterwards")
+    r.add_argument("--allow-untested", "--attn-allow-untested", dest="allow_untested", action="store_true",
+                   help="exit 0 although an adapter tested nothing (unavailable here, or every property skipped)")
     a = sub.add_parser("adapters", help="table of known adapters: available or why not, and their claims")
     a.add_argument("--json", action="store_true")
     a.add_argument("--conftest", help="import this file first (default ./conftest.py) for its adapters")

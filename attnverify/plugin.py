@@ -16,6 +16,10 @@ wins, then the environment, then the ini file):
     --attn-isolate I         attn_isolate        ATTNVERIFY_ISOLATE       auto | subprocess | none
     --attn-timeout S         attn_timeout        ATTNVERIFY_TIMEOUT       per example, subprocess only (60)
     --attn-only              attn_only           ATTNVERIFY_ONLY          run only the suite (used by `attnverify run`)
+    --attn-allow-untested    attn_allow_untested ATTNVERIFY_ALLOW_UNTESTED  pass although an adapter tested nothing
+
+A run in which a requested adapter tested nothing (unavailable here, or every property skipped) fails
+with a message saying why and how to fix it (attnverify.untested) unless --attn-allow-untested is given.
 
 Hooks for conftest.py (besides `@attnverify.adapter`, which registers on import):
 
@@ -88,6 +92,9 @@ OPTIONS = (
          kind="float"),
     _Opt("attn_only", "--attn-only", "attn_only", "ATTNVERIFY_ONLY", False,
          "collect only the attnverify suite, not the repo's own tests", kind="flag"),
+    _Opt("attn_allow_untested", "--attn-allow-untested", "attn_allow_untested", "ATTNVERIFY_ALLOW_UNTESTED", False,
+         "let a run pass in which an adapter tested nothing (unavailable here, or every property skipped); "
+         "by default such a run fails", kind="flag"),
 )
 
 
@@ -271,6 +278,8 @@ class Settings:
     runner: Any = None
     t0: float = field(default_factory=time.time)
     outcomes: Dict[str, dict] = field(default_factory=dict)  # nodeid -> info (controller side)
+    allow_untested: bool = False
+    untested_lines: List[str] = field(default_factory=list)  # "nothing was tested" (attnverify.untested)
 
     @property
     def is_worker(self) -> bool:
@@ -312,7 +321,7 @@ def pytest_configure(config):
         adapter_names=names, profile=vals["attn_profile"], report=os.path.abspath(report), report_arg=report_arg,
         seed=int(seed), seed_given=seed_given, device=vals["attn_device"], max_examples=vals["attn_max_examples"],
         isolate=isolate, timeout=float(vals["attn_timeout"]), only=bool(vals["attn_only"]), run_id=run_id,
-        worker=worker,
+        worker=worker, allow_untested=bool(vals["attn_allow_untested"]),
     )
     config.stash[settings_key] = s
     config.pluginmanager.register(_Reporter(s), "attnverify-reporter")
@@ -662,6 +671,8 @@ class _Reporter:
                           f"crash isolation: CUDA had been initialised there, so no judge could be forked (a device "
                           f"fault there fails every later test of that worker)")
         tr.write_line(f"journal: {_rel(os.path.join(s.report, 'results.jsonl'))}  seed: {s.seed}")
+        for line in s.untested_lines:
+            tr.write_line(line, red=True, bold=line.startswith("NOTHING"))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -674,13 +685,17 @@ def pytest_sessionfinish(session, exitstatus):
         except Exception:
             pass
         s.runner = None
+    if not s.is_worker:  # an adapter that tested nothing fails the run, saying why (attnverify.untested)
+        from .untested import fail_if_untested
+
+        s.untested_lines = fail_if_untested(session, list(s.outcomes.values()), s.allow_untested)
     if s.journal is not None:
         if not s.is_worker:
             counts: Dict[str, int] = {}
             for info in s.outcomes.values():
                 counts[info["outcome"]] = counts.get(info["outcome"], 0) + 1
-            s.journal.write({"event": "run_end", "exit_status": int(exitstatus), "seconds": time.time() - s.t0,
-                             "counts": counts})
+            s.journal.write({"event": "run_end", "exit_status": int(session.exitstatus), "seconds": time.time() - s.t0,
+                             "counts": counts, **({"untested": s.untested_lines} if s.untested_lines else {})})
         s.journal.close()
     if not s.is_worker and s.outcomes and os.environ.get("ATTNVERIFY_NO_HTML") != "1":
         # the HTML report, rendered from the journal just closed (reports read only journaled records)

@@ -130,9 +130,11 @@ def run_property(
         test = example(ex)(test)
     if max_examples is None and getattr(prop, "cost", 1.0) > 1.0:
         max_examples = max(5, int(hypothesis_settings(profile).max_examples / float(prop.cost)))
-    test = hypothesis_settings(profile, max_examples=max_examples, seed=seed, database=database)(test)
     if seed is not None:
+        # the seed fixes generation; hypothesis.seed also switches the example database off, so the
+        # settings go on after it and keep the database on: a stored failure still replays first
         test = hyp_seed(int(seed))(test)
+    test = hypothesis_settings(profile, max_examples=max_examples, seed=seed, database=database)(test)
     test._hypothesis_internal_database_key = _db_key(prop, adapter, profile)
     try:
         test()

@@ -2,7 +2,8 @@
 
 Every profile sets deadline=None (first calls compile), a local example database under
 .hypothesis/ (so a failure replays first on the next run, also when CI=true: Hypothesis's own
-"ci" profile would disable it) and suppresses the health checks that big tensors trip.
+"ci" profile would disable it, and also in seeded runs: a seed fixes generation, it never sets
+derandomize, which would turn the database off) and suppresses the health checks that big tensors trip.
 The sizes drawn under each profile are in attnverify.strategies (PROFILES).
 """
 from __future__ import annotations
@@ -55,8 +56,10 @@ def hypothesis_settings(profile: str = DEFAULT_PROFILE, *, max_examples: Optiona
         if max_examples < 1:
             raise ValueError(f"max_examples={max_examples} must be >= 1")
         kw["max_examples"] = int(max_examples)
-    if seed is not None:
-        kw["derandomize"] = True
+    if seed is not None and not isinstance(seed, int):
+        raise ValueError(f"seed={seed!r} must be an integer")
+    # a seed fixes generation (run_property applies it with hypothesis.seed); it never sets derandomize,
+    # which would switch the example database off (Hypothesis: derandomize=True implies database=None)
     if database is not ...:
         kw["database"] = database
     return settings(parent=settings.get_profile(f"attnverify-{profile}"), **kw)
