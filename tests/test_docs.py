@@ -14,9 +14,13 @@ Markers, written as an HTML comment on the line(s) right before a fenced block:
                               not installed
     <!-- standalone -->       a Python block run as a script in a fresh interpreter (a compiler bug whose
                               reproduction depends on the process state), with `raises` checked on its stderr
-    <!-- install -->          install commands: checked (paths exist, `bash -n`, extras exist, and pip
-                              resolves the local attnverify with --dry-run), not run: they would change
-                              the environment the tests run in
+    <!-- install -->          install commands: checked (paths exist, `bash -n`, extras exist, `pip wheel`
+                              builds the wheel offline into a temporary folder, and pip resolves the local
+                              attnverify or that wheel with --dry-run), not run: they would change the
+                              environment the tests run in
+    <!-- quickstart: PATH -->  README's quick start: the block is the file PATH of a user's kernel repo, or
+                              (PATH `run`) the command run there; tests/test_quickstart.py writes them into
+                              a fresh repository and runs them, nothing else runs them
 
 Python blocks of one page run in order in one namespace; shell blocks of one page run in order in
 one bash process (`cd` and variables carry over, `set -e`), in a workspace holding copies of docs/ and
@@ -58,7 +62,7 @@ GPU_REASON = "needs a CUDA GPU (marked <!-- gpu --> in the docs); this machine h
 RUN_LANGS = {"python": "python", "py": "python", "bash": "shell", "sh": "shell", "shell": "shell", "console": "shell"}
 OTHER_LANGS = {"yaml", "yml", "toml", "text", "ini", "json", "html"}
 
-PAGES = sorted(DOCS.rglob("*.md")) + [EXAMPLE / "README.md"]
+PAGES = sorted(DOCS.rglob("*.md")) + [EXAMPLE / "README.md", ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
 
 
 # ------------------------------------------------------------------------------------------ parsing
@@ -83,7 +87,7 @@ class Block:
 
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
 _MARKER = re.compile(r"^\s*<!--\s*(?P<name>[\w-]+)(?:(?::\s*|\s+)(?P<value>.*?))?\s*-->\s*$")
-MARKERS = ("gpu", "exit", "file", "install", "raises", "needs", "standalone")
+MARKERS = ("gpu", "exit", "file", "install", "raises", "needs", "standalone", "quickstart")
 
 
 def parse_blocks(path: Path):
@@ -125,7 +129,7 @@ def _ids(paths):
 
 
 def _runnable(block: Block) -> bool:
-    return block.kind in ("python", "shell") and "file" not in block.markers and "install" not in block.markers
+    return block.kind in ("python", "shell") and not {"file", "install", "quickstart"} & set(block.markers)
 
 
 def _runs_suite(code: str) -> bool:
@@ -156,7 +160,7 @@ def _env(**extra) -> dict:
 
 
 def test_the_documented_pages_exist():
-    for name in ("guide.md", "adapters.md", "ci.md", "tolerances.md"):
+    for name in ("guide.md", "reference.md", "adapters.md", "ci.md", "tolerances.md"):
         assert (DOCS / name).is_file(), name
     assert (EXAMPLE / "README.md").is_file()
 
@@ -331,9 +335,23 @@ def _check_requirement(req: str, where: str) -> None:
         assert e.strip() in _extras(), f"{where}: extra [{e}] is not in pyproject.toml's optional-dependencies"
 
 
+def _build_wheel(src: Path, out: Path) -> Path:
+    """`pip wheel --no-deps -w OUT SRC`, offline: from a copy of the sources (the build leaves build/ and
+    *.egg-info beside them), with this environment's setuptools instead of an isolated download."""
+    copy = out / "src"
+    shutil.copytree(src, copy, ignore=shutil.ignore_patterns(
+        "tests", "benchmarks", "examples", "docs", ".git", ".hypothesis", "reports", "build", "*.egg-info",
+        "__pycache__", ".venv", ".ruff_cache"))
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                          "-w", str(out), str(copy)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (wheel,) = out.glob("attnverify-*.whl")
+    return wheel
+
+
 @pytest.mark.parametrize("block", _install_blocks())
-def test_install_blocks_are_sound(block):
-    pips = []
+def test_install_blocks_are_sound(block, tmp_path):
+    pips, wheels = [], {}
     for cmd in _commands(block.code):
         words = shlex.split(cmd.split(" #")[0])
         if words[:1] == ["bash"]:
@@ -343,6 +361,11 @@ def test_install_blocks_are_sound(block):
         elif words[:1] in (["source"], ["."]):
             assert words[1] == ".venv/bin/activate" and ".venv" in (ROOT / "scripts" / "setup.sh").read_text(), \
                 f"{block.where}: {words[1]} is not what scripts/setup.sh makes"
+        elif words[:2] == ["pip", "wheel"]:
+            assert words[2:] == ["--no-deps", "-w", "dist", "$ATTNVERIFY_SRC"], f"{block.where}: {cmd}"
+            wheel = _build_wheel(ROOT, tmp_path / "dist")
+            wheels[f"dist/{wheel.name}"] = wheel
+            assert wheel.name in cmd, f"{block.where}: the comment names another wheel than {wheel.name}"
         elif words[:2] == ["pip", "install"]:
             pips.append(words[2:])
         else:
@@ -350,12 +373,18 @@ def test_install_blocks_are_sound(block):
     for args in pips:
         args = [a.replace("$ATTNVERIFY_SRC", str(ROOT)) for a in args]
         reqs = [a for a in args if not a.startswith("-")]
-        for r in reqs:
+        for i, r in enumerate(reqs):
+            base = r.split("[")[0]
+            if base.endswith(".whl"):
+                assert base in wheels, f"{block.where}: {base} is not the wheel the block builds ({list(wheels)})"
+                _check_requirement("attnverify" + r[len(base):], block.where)
+                args[args.index(r)] = str(wheels[base]) + r[len(base):]
+                continue
             _check_requirement(os.path.basename(r) if r.startswith(str(ROOT)) else r, block.where)
             if r.startswith(str(ROOT)):
-                base = r.split("[")[0]
                 assert Path(base).is_dir() and (Path(base) / "pyproject.toml").is_file(), f"{block.where}: {base}"
-        res = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-build-isolation",
+        # offline: every dependency (the extras' too) must already be satisfied here, and attnverify resolves
+        res = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-build-isolation",
                               "--no-index", *args], capture_output=True, text=True, timeout=300)
         assert res.returncode == 0 and "Would install attnverify" in res.stdout, \
             f"{block.where}: pip install --dry-run {' '.join(args)} failed:\n{res.stdout[-2000:]}{res.stderr[-2000:]}"
