@@ -393,22 +393,22 @@ def test_install_blocks_are_sound(block, tmp_path):
 # ------------------------------------------------------------------------------ guide stays in sync
 
 
-def test_guide_names_every_property_profile_and_option():
+def test_reference_names_every_property_profile_and_option():
     from attnverify.plugin import OPTIONS
     from attnverify.properties import PROPERTIES
     from attnverify.properties.driver import SHRINK_BUDGET_S
     from attnverify.strategies import PROFILES
 
-    guide = (DOCS / "guide.md").read_text()
+    guide = (DOCS / "reference.md").read_text()
     missing = [p.name for p in PROPERTIES if f"`{p.name}`" not in guide]
-    assert not missing, f"docs/guide.md does not describe these properties: {missing}"
+    assert not missing, f"docs/reference.md does not describe these properties: {missing}"
     for lim in PROFILES.values():
         row = (f"| `{lim.name}` | {lim.max_examples} | {lim.max_len} | {lim.max_batch} | "
                f"{lim.max_heads_kv} x {lim.max_group} | {SHRINK_BUDGET_S[lim.name]:g} s |")
-        assert row in guide, f"docs/guide.md's profile table is out of date; expected a row starting {row!r}"
+        assert row in guide, f"docs/reference.md's profile table is out of date; expected a row starting {row!r}"
     for o in OPTIONS:
         for token in (o.flag, o.ini, o.env):
-            assert token in guide, f"docs/guide.md does not mention {token} ({o.dest})"
+            assert f"`{token}" in guide, f"docs/reference.md does not mention {token} ({o.dest})"
 
 
 def test_adapters_page_names_every_claim_keyword():
