@@ -63,17 +63,17 @@ def default_config(head_dim: int, dtype: torch.dtype, device_type: str, head_dim
         if bd <= 128:
             return Config(32, 32, 4, 2, 32, 32, 4, 2)
         return Config(32, 16, 4, 1, 16, 32, 4, 1)
-    # tuned on the H200, bf16, N = 8192 (benchmarks/tune_triton.py, BENCHMARKS.md "Triton backward tiles"). The
-    # forward keeps 64x64 tiles (the adapter's claimed tiles; other configurations use tiles that divide them).
-    # Backward, per kernel in microseconds (no mask / causal): D <= 64 dK/dV 32x128 w4 s3 4898 / 3282 (64x128 w8 s3:
-    # 5940 / 3616), dQ 64x64 w4 s3 2603 / 1407 (128x64 w8 s3: 2560 / 1758); D = 128 dK/dV 64x128 w8 s3 4518 / 2635,
-    # dQ 128x64 w8 s3 2515 / 1334 (best of seven each); D = 256 dK/dV 32x64 w8 s2 10699 / 6617 (32x64 w4 s1:
-    # 21534 / 18081), dQ 64x16 w4 s3 3680 / 2021 (64x32 w4 s1: 3984 / 2085)
+    # tuned on the H200, bf16, N = 8192 (benchmarks/tune_triton.py; BENCHMARKS.md "Triton kernel tiles, 2026-12-04").
+    # Forward tiles stay 64x64 (the adapter's claimed tiles; other configurations use tiles that divide them).
+    # Per kernel, microseconds no mask / causal: D <= 64 dK/dV 32x128 w4 s3 4898 / 3282 (64x128 w8 s3: 5940 / 3616),
+    # dQ 64x64 w4 s3 2603 / 1407 (128x64 w8 s3: 2560 / 1758); D = 128 dK/dV 64x128 w8 s3 4518 / 2635 and dQ 128x64
+    # w8 s3 2515 / 1334 (best of seven each); D = 256 forward 64x64 w4 s3 489 / 428 TFLOP/s (64x32 w4 s2: 416 / 395),
+    # dK/dV 64x64 w8 s2 7701 / 4430 (32x64 w4 s1: 21534 / 18081), dQ 64x32 w4 s3 3413 / 1848 (64x32 w4 s1: 3984 / 2085)
     if bd <= 64:
         return Config(64, 64, 4, 3, 32, 128, 4, 3, dq_block_m=64, dq_block_n=64, dq_warps=4, dq_stages=3)
     if bd <= 128:
         return Config(64, 64, 4, 3, 64, 128, 8, 3)
-    return Config(64, 32, 4, 2, 32, 64, 8, 2, dq_block_m=64, dq_block_n=16, dq_warps=4, dq_stages=3)
+    return Config(64, 64, 4, 3, 64, 64, 8, 2, dq_block_m=64, dq_block_n=32, dq_warps=4, dq_stages=3)
 
 
 def _head_dims(p) -> dict:
