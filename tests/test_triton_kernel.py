@@ -203,7 +203,9 @@ def _smem_fwd_bwd(cfg, bd: int, bdv: int, elem: int) -> int:
     """Shared memory the pipelined tiles need, roughly as Triton allocates it (operand tiles per stage)."""
     fwd = (cfg.block_m * bd + cfg.num_stages * cfg.block_n * (bd + bdv)) * elem
     bwd = (cfg.bwd_block_n * (bd + bdv) + cfg.bwd_stages * cfg.bwd_block_m * (bd + bdv)) * elem
-    return max(fwd, bwd)
+    qm, qn, _, qs = cfg.dq()
+    dq = (qm * (bd + bdv) + qs * qn * (bd + bdv)) * elem
+    return max(fwd, bwd, dq)
 
 
 @pytest.mark.parametrize("d,dv", [(96, 160), (160, 96), (128, 128), (256, 256), (40, 256)])
@@ -216,6 +218,18 @@ def test_gpu_tiles_follow_the_larger_head_dim(monkeypatch, d, dv):
     assert cfg == launch.default_config(max(d, dv), torch.float16, "cuda")
     bd, bdv = launch.triton_next_pow2(d), launch.triton_next_pow2(dv)
     assert _smem_fwd_bwd(cfg, bd, bdv, 2) <= 227 * 1024
+
+
+def test_gpu_configs_use_each_kernels_own_tiles(monkeypatch):
+    """The dQ kernel has its own tiles where tuned (D <= 64, D = 256), else dK/dV's transposed; an explicit
+    bwd_tiles override (the tile-partition test) sets both kernels, dQ transposed."""
+    from attnverify.kernels import launch
+
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    small, mid = launch.default_config(64, torch.bfloat16, "cuda"), launch.default_config(128, torch.bfloat16, "cuda")
+    assert small.dq()[:2] != (small.bwd_block_n, small.bwd_block_m)
+    assert mid.dq() == (mid.bwd_block_n, mid.bwd_block_m, mid.bwd_warps, mid.bwd_stages)
+    assert launch.INTERPRETER_CONFIG.dq()[:2] == (64, 64)
 
 
 def test_import_hygiene():
@@ -272,3 +286,98 @@ def test_gpu_backward_deterministic():
     for r in runs[1:]:
         for a, b in zip(runs[0], r):
             assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------- perf gate (benchmarks/perf_gate.py) ---------
+
+def _perf_gate():
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "perf_gate.py")
+    spec = importlib.util.spec_from_file_location("perf_gate", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _bench_result(triton_fwd, triton_fb, flash=(100.0, 100.0), cudnn=(200.0, 200.0), triton_check="ok"):
+    rows = [{"adapter": "triton", "n": 4096, "fwd_tflops": triton_fwd, "fwd+bwd_tflops": triton_fb},
+            {"adapter": "sdpa-flash", "n": 4096, "fwd_tflops": flash[0], "fwd+bwd_tflops": flash[1]}]
+    if cudnn:
+        rows.append({"adapter": "sdpa-cudnn", "n": 4096, "fwd_tflops": cudnn[0], "fwd+bwd_tflops": cudnn[1]})
+    else:
+        rows.append({"adapter": "sdpa-cudnn", "n": 4096, "error": "RuntimeError: No available kernel"})
+    adapters = [{"adapter": "triton", "check": {"status": triton_check, "text": triton_check}, "proof": {"ok": True}},
+                {"adapter": "sdpa-flash", "check": {"status": "ok"}, "proof": {"ok": True}},
+                {"adapter": "sdpa-cudnn", "check": {"status": "failed", "text": "FAILED (dq)"}, "proof": {"ok": True}}]
+    return {"rows": rows, "adapters": adapters, "meta": {"date": "2026-12-04 12:00:00", "versions": {"gpu": "X"}}}
+
+
+GATE_MINS = {"fwd vs sdpa-flash": 1.3, "fwd+bwd vs sdpa-flash": 1.0, "fwd vs sdpa-cudnn": 0.0,
+             "fwd+bwd vs sdpa-cudnn": 0.0}
+
+
+def test_perf_gate_judges_ratios_against_thresholds():
+    pg = _perf_gate()
+    ok = pg.rows_from_bench(_bench_result(130.0, 100.0), "bfloat16", 128, False)[0]
+    assert ok["ratio"]["fwd vs sdpa-flash"] == pytest.approx(1.3)
+    assert ok["ratio"]["fwd+bwd vs sdpa-cudnn"] == pytest.approx(0.5)
+    assert pg.judge(ok, GATE_MINS) == []  # at the thresholds; cuDNN's failed check is only a note
+    assert any("sdpa-cudnn" in n for n in ok["notes"])
+    slow_fwd = pg.rows_from_bench(_bench_result(129.0, 150.0), "bfloat16", 128, False)[0]
+    assert pg.judge(slow_fwd, GATE_MINS) == ["fwd vs sdpa-flash 1.29x < 1.30x"]
+    slow_bwd = pg.rows_from_bench(_bench_result(200.0, 99.0), "bfloat16", 128, True)[0]
+    assert pg.judge(slow_bwd, GATE_MINS) == ["fwd+bwd vs sdpa-flash 0.99x < 1.00x"]
+    # the stretch targets gate only when asked for
+    assert pg.judge(ok, dict(GATE_MINS, **{"fwd vs sdpa-cudnn": 0.9})) == ["fwd vs sdpa-cudnn 0.65x < 0.90x"]
+    # a fast kernel whose correctness check failed does not pass
+    wrong = pg.rows_from_bench(_bench_result(500.0, 500.0, triton_check="failed"), "bfloat16", 128, False)[0]
+    assert pg.judge(wrong, GATE_MINS) and "triton check" in pg.judge(wrong, GATE_MINS)[0]
+    # a baseline that did not run shows '-' and does not gate; triton not running fails
+    no_cudnn = pg.rows_from_bench(_bench_result(130.0, 100.0, cudnn=None), "float16", 256, True)[0]
+    assert no_cudnn["ratio"]["fwd vs sdpa-cudnn"] is None and pg.judge(no_cudnn, GATE_MINS) == []
+    unmeasured = pg.rows_from_bench(_bench_result(None, None), "float16", 64, False)[0]
+    assert pg.judge(unmeasured, GATE_MINS) == ["triton not measured"]
+    for r in (ok, slow_fwd, no_cudnn):
+        r["why"] = pg.judge(r, GATE_MINS)
+    md = pg.to_markdown([ok, slow_fwd, no_cudnn], {"date": "2026-12-04 12:00", "versions": {"gpu": "NVIDIA H200"}},
+                        GATE_MINS)
+    assert md.startswith("### Perf gate 2026-12-04 12:00")
+    head = md.splitlines()[4]
+    for col in ("fwd vs sdpa-flash", "fwd+bwd vs sdpa-flash", "fwd vs sdpa-cudnn", "fwd+bwd vs sdpa-cudnn"):
+        assert f" {col} |" in head
+    assert "| 1.30x | 1.00x | 0.65x | 0.50x | pass |" in md
+    assert "**FAIL** fwd vs sdpa-flash 1.29x < 1.30x" in md and "| - | - | pass |" in md
+    assert "2 of 3 configurations pass" in md
+
+
+@pytest.mark.skipif(_CUDA, reason="with a GPU the triton adapter claims only CUDA; this reads a CPU bench run")
+def test_perf_gate_reads_a_real_bench_run(tmp_path):
+    """The gate's reading of `attnverify bench` output, on a real (tiny, CPU) run: the interpreted kernel is
+    far slower than CPU SDPA, so the gate must fail it; cuDNN is unavailable and shows as '-'."""
+    pg = _perf_gate()
+    cmd = pg.bench_command("float32", 16, False, [32], str(tmp_path), ["--device", "cpu", "--batch", "1", "--heads",
+                                                                         "1", "--rep", "3", "--warmup", "1"])
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    with open(tmp_path / "bench.json") as f:
+        rows = pg.rows_from_bench(json.load(f), "float32", 16, False)
+    assert [row["n"] for row in rows] == [32]
+    row = rows[0]
+    assert row["tflops"]["triton fwd"] > 0 and row["tflops"]["sdpa-flash fwd+bwd"] > 0
+    assert row["ratio"]["fwd vs sdpa-cudnn"] is None
+    assert row["ratio"]["fwd vs sdpa-flash"] < 1.0
+    assert any(w.startswith("fwd vs sdpa-flash") for w in pg.judge(row, GATE_MINS))
+
+
+def test_perf_gate_says_why_it_skips_without_a_gpu(capsys):
+    pg = _perf_gate()
+    if _CUDA:
+        assert pg.gpu_absent_reason() is None
+        return
+    assert pg.main(["--dims", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "SKIPPED" in out and "no CUDA GPU" in out
+    assert pg.main(["--require-gpu"]) == 2
+    assert pg.main(["--dtypes", "fp8"]) == 2  # a usage error names the arguments

@@ -17,10 +17,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .flash_fwd import LOG2E, _dot, _lowp, _scores
+from .common import (
+    LOG2E,
+    _base,
+    _dot,
+    _key_range,
+    _lowp,
+    _query_range,
+    _scores,
+    _segment,
+    _slope,
+)
 
 
-# head dims only bound masks: not specialised, so D = 72 and 80 share one compiled kernel
+# head dims only bound masks: not specialised, so D = 72 and 80 share one compiled kernel. Whether a
+# head dim is padded (EVEN_D, EVEN_DV) is compile-time: an unpadded one has no mask along D, so its
+# loads stay 16 bytes wide (a runtime mask on every load cost the backward 40%, issue 25).
 @triton.jit(do_not_specialize=["HEAD_DIM_V"])
 def _bwd_preprocess(
     O, DO, DLSE, DELTA,
@@ -28,7 +40,7 @@ def _bwd_preprocess(
     stride_doz, stride_doh, stride_dom, stride_dok,
     stride_dlz, stride_dlh, stride_dlm,
     H, seq_q,
-    HEAD_DIM_V, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+    HEAD_DIM_V, BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     off_zh = tl.program_id(1)
@@ -36,7 +48,9 @@ def _bwd_preprocess(
     off_h = off_zh % H
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_dv = tl.arange(0, BLOCK_DV)
-    mask = (offs_m[:, None] < seq_q) & (offs_dv[None, :] < HEAD_DIM_V)
+    mask = offs_m[:, None] < seq_q
+    if not EVEN_DV:
+        mask = mask & (offs_dv[None, :] < HEAD_DIM_V)
     o = tl.load(O + off_z.to(tl.int64) * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om
                 + offs_dv[None, :] * stride_ok, mask=mask, other=0.0).to(tl.float32)
     do = tl.load(DO + off_z.to(tl.int64) * stride_doz + off_h * stride_doh + offs_m[:, None] * stride_dom
@@ -54,13 +68,17 @@ def _bwd_preprocess(
 def _dkdv_inner(dk, dv, k, v, q_base, do_base, LSE, DELTA, row_base, lo, hi,
                 stride_qm, stride_qk, stride_dom, stride_dok, offs_n, offs_d, offs_dv, seq_q, seq_k,
                 diag_off, causal_off, win_left, win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
-                BLOCK_M: tl.constexpr, HEAD_DIM, HEAD_DIM_V, MASK: tl.constexpr,
-                IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                UPCAST: tl.constexpr, IEEE: tl.constexpr):
+                BLOCK_M: tl.constexpr, HEAD_DIM, HEAD_DIM_V, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+                MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                HAS_ALIBI: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        qtmask = (offs_m[None, :] < seq_q) & (offs_d[:, None] < HEAD_DIM)
-        domask = (offs_m[:, None] < seq_q) & (offs_dv[None, :] < HEAD_DIM_V)
+        qtmask = offs_m[None, :] < seq_q
+        domask = offs_m[:, None] < seq_q
+        if not EVEN_D:
+            qtmask = qtmask & (offs_d[:, None] < HEAD_DIM)
+        if not EVEN_DV:
+            domask = domask & (offs_dv[None, :] < HEAD_DIM_V)
         qt = tl.load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qk, mask=qtmask, other=0.0)
         do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dok, mask=domask, other=0.0)
         lse = tl.load(LSE + row_base + offs_m, mask=offs_m < seq_q, other=float("inf"))
@@ -80,7 +98,6 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, LSE, DELTA, row_base, lo, hi,
     return dk, dv
 
 
-# head dims only bound masks: not specialised, so D = 72 and 80 share one compiled kernel
 @triton.jit(do_not_specialize=["HEAD_DIM", "HEAD_DIM_V"])
 def _bwd_dkdv(
     Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
@@ -104,83 +121,50 @@ def _bwd_dkdv(
     off_zh = tl.program_id(1)
     off_z = off_zh // HK
     off_hk = off_zh % HK
-    if IS_VARLEN:
-        q_start = tl.load(CU_Q + off_z)
-        seq_q = tl.load(CU_Q + off_z + 1) - q_start
-        k_start = tl.load(CU_K + off_z)
-        seq_k = tl.load(CU_K + off_z + 1) - k_start
-        b_idx = off_z * 0
-    else:
-        q_start = off_z * 0
-        k_start = off_z * 0
-        seq_q = seq_q_arg
-        seq_k = seq_k_arg
-        b_idx = off_z
+    b_idx, q_start, k_start, seq_q, seq_k, diag_off, causal_off = _segment(
+        CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR, IS_VARLEN)
     if start_n * BLOCK_N >= seq_k:
         return
-    diag_off = seq_k - seq_q
-    if CAUSAL_BR:
-        causal_off = diag_off
-    else:
-        causal_off = 0
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    k_base = K + b_idx.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
-    v_base = V + b_idx.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
-    kmask = (offs_n[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
-    vmask = (offs_n[:, None] < seq_k) & (offs_dv[None, :] < HEAD_DIM_V)
-    k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk, mask=kmask, other=0.0)
-    v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vk, mask=vmask, other=0.0)
+    kmask = offs_n[:, None] < seq_k
+    vmask = offs_n[:, None] < seq_k
+    if not EVEN_D:
+        kmask = kmask & (offs_d[None, :] < HEAD_DIM)
+    if not EVEN_DV:
+        vmask = vmask & (offs_dv[None, :] < HEAD_DIM_V)
+    k = tl.load(_base(K, b_idx, off_hk, k_start, stride_kz, stride_kh, stride_kn)
+                + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk, mask=kmask, other=0.0)
+    v = tl.load(_base(V, b_idx, off_hk, k_start, stride_vz, stride_vh, stride_vn)
+                + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vk, mask=vmask, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    lo, full_lo, hi = _query_range(start_n * BLOCK_N, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
+                                   BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW)
 
-    # query range that can see keys [n_lo, n_hi)
-    n_lo = start_n * BLOCK_N
-    n_hi = tl.minimum(n_lo + BLOCK_N, seq_k)
-    lo = 0
-    hi = seq_q
-    if IS_CAUSAL:
-        lo = tl.maximum(lo, n_lo - causal_off)
-    if HAS_WINDOW:
-        lo = tl.maximum(lo, n_lo - diag_off - win_right)
-        hi = tl.minimum(hi, n_hi - 1 - diag_off + win_left + 1)
-    lo = tl.minimum(lo, seq_q)
-    lo = (lo // BLOCK_M) * BLOCK_M
-    hi = tl.maximum(hi, lo)
-
-    for g in range(0, GROUP):
+    for g in range(GROUP):
         off_h = off_hk * GROUP + g
-        q_base = Q + b_idx.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
-        do_base = DO + b_idx.to(tl.int64) * stride_doz + off_h.to(tl.int64) * stride_doh + q_start.to(tl.int64) * stride_dom
+        q_base = _base(Q, b_idx, off_h, q_start, stride_qz, stride_qh, stride_qm)
+        do_base = _base(DO, b_idx, off_h, q_start, stride_doz, stride_doh, stride_dom)
         # LSE and DELTA are contiguous (B, H, total_q)
         row_base = (b_idx * H + off_h).to(tl.int64) * total_q + q_start
-        if HAS_ALIBI:
-            slope = tl.load(SLOPES + b_idx * stride_az + off_h * stride_ah).to(tl.float32)
-        else:
-            slope = 0.0
-        # query blocks wholly below the diagonal need no element mask (keys past Lk only reach unstored rows)
-        if IS_CAUSAL and not HAS_WINDOW:
-            full_lo = tl.minimum(tl.maximum(((n_lo + BLOCK_N - 1 - causal_off + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, lo), hi)
-        elif HAS_WINDOW:
-            full_lo = hi
-        else:
-            full_lo = lo
+        slope = _slope(SLOPES, b_idx, off_h, stride_az, stride_ah, HAS_ALIBI)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, LSE, DELTA, row_base, lo, full_lo,
                              stride_qm, stride_qk, stride_dom, stride_dok, offs_n, offs_d, offs_dv, seq_q, seq_k,
                              diag_off, causal_off, win_left, win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
-                             BLOCK_M, HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-                             UPCAST, IEEE)
+                             BLOCK_M, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, True,
+                             IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, LSE, DELTA, row_base, full_lo, hi,
                              stride_qm, stride_qk, stride_dom, stride_dok, offs_n, offs_d, offs_dv, seq_q, seq_k,
                              diag_off, causal_off, win_left, win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
-                             BLOCK_M, HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-                             UPCAST, IEEE)
+                             BLOCK_M, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, False,
+                             IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
     dk = dk * scale
-    dk_ptrs = DK + b_idx.to(tl.int64) * stride_dkz + off_hk.to(tl.int64) * stride_dkh \
-        + (k_start + offs_n[:, None]).to(tl.int64) * stride_dkn + offs_d[None, :] * stride_dkk
-    dv_ptrs = DV + b_idx.to(tl.int64) * stride_dvz + off_hk.to(tl.int64) * stride_dvh \
-        + (k_start + offs_n[:, None]).to(tl.int64) * stride_dvn + offs_dv[None, :] * stride_dvk
+    dk_ptrs = _base(DK, b_idx, off_hk, k_start, stride_dkz, stride_dkh, stride_dkn) \
+        + offs_n[:, None].to(tl.int64) * stride_dkn + offs_d[None, :] * stride_dkk
+    dv_ptrs = _base(DV, b_idx, off_hk, k_start, stride_dvz, stride_dvh, stride_dvn) \
+        + offs_n[:, None].to(tl.int64) * stride_dvn + offs_dv[None, :] * stride_dvk
     tl.store(dk_ptrs, _lowp(dk, DK.dtype.element_ty, UPCAST), mask=kmask)
     tl.store(dv_ptrs, _lowp(dv, DV.dtype.element_ty, UPCAST), mask=vmask)
 
@@ -188,13 +172,18 @@ def _bwd_dkdv(
 @triton.jit
 def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, stride_kn, stride_kk, stride_vn, stride_vk,
               offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left, win_right, slope,
-              scale, qk_scale, softcap_scale, softcap_c2, BLOCK_N: tl.constexpr, HEAD_DIM,
-              HEAD_DIM_V, MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+              scale, qk_scale, softcap_scale, softcap_c2, BLOCK_N: tl.constexpr, HEAD_DIM, HEAD_DIM_V,
+              EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, MASK: tl.constexpr, IS_CAUSAL: tl.constexpr,
+              HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+              UPCAST: tl.constexpr, IEEE: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        ktmask = (offs_n[None, :] < seq_k) & (offs_d[:, None] < HEAD_DIM)
-        vtmask = (offs_n[None, :] < seq_k) & (offs_dv[:, None] < HEAD_DIM_V)
+        ktmask = offs_n[None, :] < seq_k
+        vtmask = offs_n[None, :] < seq_k
+        if not EVEN_D:
+            ktmask = ktmask & (offs_d[:, None] < HEAD_DIM)
+        if not EVEN_DV:
+            vtmask = vtmask & (offs_dv[:, None] < HEAD_DIM_V)
         kt = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kk, mask=ktmask, other=0.0)
         vt = tl.load(v_base + offs_n[None, :] * stride_vn + offs_dv[:, None] * stride_vk, mask=vtmask, other=0.0)
         qk = _dot(q, kt, UPCAST, IEEE)
@@ -210,7 +199,6 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, stride_kn, stride_
     return dq
 
 
-# head dims only bound masks: not specialised, so D = 72 and 80 share one compiled kernel
 @triton.jit(do_not_specialize=["HEAD_DIM", "HEAD_DIM_V"])
 def _bwd_dq(
     Q, K, V, DO, LSE, DELTA, DQ, SLOPES, CU_Q, CU_K,
@@ -234,73 +222,42 @@ def _bwd_dq(
     off_z = off_zh // H
     off_h = off_zh % H
     off_hk = off_h // GROUP
-    if IS_VARLEN:
-        q_start = tl.load(CU_Q + off_z)
-        seq_q = tl.load(CU_Q + off_z + 1) - q_start
-        k_start = tl.load(CU_K + off_z)
-        seq_k = tl.load(CU_K + off_z + 1) - k_start
-        b_idx = off_z * 0
-    else:
-        q_start = off_z * 0
-        k_start = off_z * 0
-        seq_q = seq_q_arg
-        seq_k = seq_k_arg
-        b_idx = off_z
+    b_idx, q_start, k_start, seq_q, seq_k, diag_off, causal_off = _segment(
+        CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR, IS_VARLEN)
     if start_m * BLOCK_M >= seq_q:
         return
-    diag_off = seq_k - seq_q
-    if CAUSAL_BR:
-        causal_off = diag_off
-    else:
-        causal_off = 0
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q_base = Q + b_idx.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
-    do_base = DO + b_idx.to(tl.int64) * stride_doz + off_h.to(tl.int64) * stride_doh + q_start.to(tl.int64) * stride_dom
-    k_base = K + b_idx.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
-    v_base = V + b_idx.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
-    qmask = (offs_m[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM)
-    domask = (offs_m[:, None] < seq_q) & (offs_dv[None, :] < HEAD_DIM_V)
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, mask=qmask, other=0.0)
-    do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dok, mask=domask, other=0.0)
+    qmask = offs_m[:, None] < seq_q
+    domask = offs_m[:, None] < seq_q
+    if not EVEN_D:
+        qmask = qmask & (offs_d[None, :] < HEAD_DIM)
+    if not EVEN_DV:
+        domask = domask & (offs_dv[None, :] < HEAD_DIM_V)
+    q = tl.load(_base(Q, b_idx, off_h, q_start, stride_qz, stride_qh, stride_qm)
+                + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, mask=qmask, other=0.0)
+    do = tl.load(_base(DO, b_idx, off_h, q_start, stride_doz, stride_doh, stride_dom)
+                 + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dok, mask=domask, other=0.0)
+    k_base = _base(K, b_idx, off_hk, k_start, stride_kz, stride_kh, stride_kn)
+    v_base = _base(V, b_idx, off_hk, k_start, stride_vz, stride_vh, stride_vn)
     row_base = (b_idx * H + off_h).to(tl.int64) * total_q + q_start
     lse = tl.load(LSE + row_base + offs_m, mask=offs_m < seq_q, other=float("inf"))
     delta = tl.load(DELTA + row_base + offs_m, mask=offs_m < seq_q, other=0.0)
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    if HAS_ALIBI:
-        slope = tl.load(SLOPES + b_idx * stride_az + off_h * stride_ah).to(tl.float32)
-    else:
-        slope = 0.0
+    slope = _slope(SLOPES, b_idx, off_h, stride_az, stride_ah, HAS_ALIBI)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
-    m_lo = start_m * BLOCK_M
-    m_hi = tl.minimum(m_lo + BLOCK_M, seq_q)
-    hi = seq_k
-    lo = 0
-    if IS_CAUSAL:
-        hi = tl.minimum(hi, m_hi + causal_off)
-    if HAS_WINDOW:
-        hi = tl.minimum(hi, m_hi + diag_off + win_right)
-        lo = tl.maximum(lo, m_lo + diag_off - win_left)
-        lo = (lo // BLOCK_N) * BLOCK_N
-    hi = tl.maximum(hi, 0)
-    # key blocks inside Lk and wholly below the diagonal need no element mask. Keys past Lk are always
-    # masked here: zero-loaded, they would add p * 0 to dQ, but p = exp2(0 - lse) can overflow to inf.
-    full_hi = tl.minimum((seq_k // BLOCK_N) * BLOCK_N, hi)
-    if IS_CAUSAL:
-        full_hi = tl.minimum((tl.maximum(m_lo + causal_off + 1, 0) // BLOCK_N) * BLOCK_N, full_hi)
-    if HAS_WINDOW:
-        full_hi = lo
+    lo, full_hi, mask_lo, hi = _key_range(start_m * BLOCK_M, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
+                                          BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW)
     dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, full_hi, stride_kn, stride_kk, stride_vn, stride_vk,
                    offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left, win_right, slope,
-                   scale, qk_scale, softcap_scale, softcap_c2, BLOCK_N, HEAD_DIM, HEAD_DIM_V, False,
+                   scale, qk_scale, softcap_scale, softcap_c2, BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, False,
                    IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
-    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, tl.maximum(full_hi, lo), hi, stride_kn, stride_kk,
-                   stride_vn, stride_vk, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left, win_right, slope,
-                   scale, qk_scale, softcap_scale, softcap_c2, BLOCK_N, HEAD_DIM, HEAD_DIM_V, True,
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, mask_lo, hi, stride_kn, stride_kk, stride_vn, stride_vk,
+                   offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left, win_right, slope,
+                   scale, qk_scale, softcap_scale, softcap_c2, BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, True,
                    IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
     dq = dq * scale
-    dq_ptrs = DQ + b_idx.to(tl.int64) * stride_dqz + off_h.to(tl.int64) * stride_dqh \
-        + (q_start + offs_m[:, None]).to(tl.int64) * stride_dqm + offs_d[None, :] * stride_dqk
+    dq_ptrs = _base(DQ, b_idx, off_h, q_start, stride_dqz, stride_dqh, stride_dqm) \
+        + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :] * stride_dqk
     tl.store(dq_ptrs, _lowp(dq, DQ.dtype.element_ty, UPCAST), mask=qmask)

@@ -24,78 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E_F = 1.4426950408889634  # host-side floats
-LN2_F = 0.6931471805599453
-LOG2E = tl.constexpr(LOG2E_F)  # globals read inside @triton.jit must be constexpr
-LN2 = tl.constexpr(LN2_F)
-BIG = 1 << 30  # "unbounded" window side
-
-
-@triton.jit
-def _tanh(x):
-    """tanh in fp32 without libdevice (the interpreter has none): series near 0, exp form elsewhere."""
-    ax = tl.abs(x)
-    e = tl.exp(-2.0 * ax)
-    big = (1.0 - e) / (1.0 + e)
-    x2 = ax * ax
-    small = ax * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * (-0.05396825396825397))))
-    t = tl.where(ax < 0.125, small, big)
-    return tl.where(x < 0, -t, t)
-
-
-@triton.jit
-def _lowp(x, DT: tl.constexpr, UPCAST: tl.constexpr):
-    """fp32 -> DT. Under the interpreter (UPCAST) bf16 is rounded to nearest even by hand first: its
-    own conversion truncates, which biases P and the outputs low and fails a correct kernel."""
-    if UPCAST and DT == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        b = b + 0x7FFF + ((b >> 16) & 1)
-        x = ((b >> 16) << 16).to(tl.float32, bitcast=True)
-    return x.to(DT)
-
-
-@triton.jit
-def _dot(a, b, UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    if UPCAST:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
-
-
-@triton.jit
-def _scores(qk, ii, jj, seq_k, diag_off, causal_off, win_left, win_right, slope,
-            scale, qk_scale, softcap_scale, softcap_c2,
-            MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-            HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, BOUNDS: tl.constexpr = True):
-    """Raw q.k (fp32) -> final scores in log2 units, and tanh (for softcap grads).
-
-    `ii` (query index) and `jj` (key index) are 2-D broadcastable index tensors, so the same code
-    serves the (M, N) orientation of the forward and dQ and the (N, M) one of dK/dV.
-    """
-    if HAS_SOFTCAP:
-        t = _tanh(qk * softcap_scale)  # softcap_scale = scale / c
-        s = t * softcap_c2  # softcap_c2 = c * log2(e)
-    else:
-        t = qk
-        s = qk * qk_scale  # qk_scale = scale * log2(e)
-    if HAS_ALIBI:
-        dist = tl.abs(ii + diag_off - jj).to(tl.float32)
-        s = s - (slope * LOG2E) * dist
-    if MASK:
-        if BOUNDS:
-            vis = jj < seq_k
-        else:  # keys past Lk are zero-loaded; in the backward they only reach unstored rows
-            vis = jj >= 0
-        if IS_CAUSAL:
-            vis = vis & (jj <= ii + causal_off)
-        if HAS_WINDOW:
-            vis = vis & (jj >= ii + diag_off - win_left)
-            vis = vis & (jj <= ii + diag_off + win_right)
-        s = tl.where(vis, s, float("-inf"))
-    return s, t
+from .common import LN2, _base, _dot, _key_range, _lowp, _scores, _segment, _slope
 
 
 @triton.jit
@@ -168,74 +97,36 @@ def _attn_fwd(
     off_z = off_zh // H
     off_h = off_zh % H
     off_hk = off_h // GROUP
-    if IS_VARLEN:
-        q_start = tl.load(CU_Q + off_z)
-        seq_q = tl.load(CU_Q + off_z + 1) - q_start
-        k_start = tl.load(CU_K + off_z)
-        seq_k = tl.load(CU_K + off_z + 1) - k_start
-        b_idx = off_z * 0
-    else:
-        q_start = off_z * 0
-        k_start = off_z * 0
-        seq_q = seq_q_arg
-        seq_k = seq_k_arg
-        b_idx = off_z
+    b_idx, q_start, k_start, seq_q, seq_k, diag_off, causal_off = _segment(
+        CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR, IS_VARLEN)
     if start_m * BLOCK_M >= seq_q:
         return
-    diag_off = seq_k - seq_q
-    if CAUSAL_BR:
-        causal_off = diag_off
-    else:
-        causal_off = 0
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q_base = Q + b_idx.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
-    k_base = K + b_idx.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
-    v_base = V + b_idx.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
+    q_base = _base(Q, b_idx, off_h, q_start, stride_qz, stride_qh, stride_qm)
+    k_base = _base(K, b_idx, off_hk, k_start, stride_kz, stride_kh, stride_kn)
+    v_base = _base(V, b_idx, off_hk, k_start, stride_vz, stride_vh, stride_vn)
     q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
     q_mask = offs_m[:, None] < seq_q
     if not EVEN_D:
         q_mask = q_mask & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_ptrs, mask=q_mask, other=0.0)
-
-    if HAS_ALIBI:
-        slope = tl.load(SLOPES + b_idx * stride_az + off_h * stride_ah).to(tl.float32)
-    else:
-        slope = 0.0
+    slope = _slope(SLOPES, b_idx, off_h, stride_az, stride_ah, HAS_ALIBI)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-
-    # key range this query block can see
-    m_lo = start_m * BLOCK_M
-    m_hi = tl.minimum(m_lo + BLOCK_M, seq_q)  # exclusive
-    hi = seq_k
-    lo = 0
-    if IS_CAUSAL:
-        hi = tl.minimum(hi, m_hi + causal_off)
-    if HAS_WINDOW:
-        hi = tl.minimum(hi, m_hi + diag_off + win_right)
-        lo = tl.maximum(lo, m_lo + diag_off - win_left)
-        lo = (lo // BLOCK_N) * BLOCK_N
-    hi = tl.maximum(hi, 0)
-    # blocks [lo, full_hi) need no element mask: inside Lk and (causal) wholly under the diagonal
-    if HAS_WINDOW:
-        full_hi = lo
-    else:
-        full_hi = (seq_k // BLOCK_N) * BLOCK_N
-        if IS_CAUSAL:
-            full_hi = tl.minimum(full_hi, (tl.maximum(m_lo + causal_off + 1, 0) // BLOCK_N) * BLOCK_N)
-        full_hi = tl.minimum(full_hi, hi)
+    lo, full_hi, mask_lo, hi = _key_range(start_m * BLOCK_M, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
+                                          BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
                                lo, full_hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left, win_right,
                                slope, scale, qk_scale, softcap_scale, softcap_c2,
                                BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, False,
                                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
-                               tl.maximum(full_hi, lo), hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off,
+                               mask_lo, hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off,
                                win_left, win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
                                BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, True,
                                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
@@ -245,8 +136,8 @@ def _attn_fwd(
     out = acc / l_safe[:, None]
     lse = tl.where(has, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
 
-    o_base = O + b_idx.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh + q_start.to(tl.int64) * stride_om
-    o_ptrs = o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_ok
+    o_ptrs = _base(O, b_idx, off_h, q_start, stride_oz, stride_oh, stride_om) \
+        + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_ok
     o_mask = offs_m[:, None] < seq_q
     if not EVEN_DV:
         o_mask = o_mask & (offs_dv[None, :] < HEAD_DIM_V)

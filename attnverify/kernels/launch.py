@@ -7,17 +7,16 @@ a per-head-dim table tuned on an H200 (see BENCHMARKS.md).
 """
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
 import triton
 
-from . import flash_bwd, flash_fwd
+from . import common, flash_bwd, flash_fwd
 
-BIG = flash_fwd.BIG
+BIG = common.BIG
 
 
 def interpreting() -> bool:
@@ -26,6 +25,10 @@ def interpreting() -> bool:
 
 @dataclass(frozen=True)
 class Config:
+    """Tiles, warps and pipeline stages: the forward's; dK/dV's (`bwd_*`: BLOCK_M queries per inner step,
+    BLOCK_N keys per program); dQ's (`dq_*`: BLOCK_M queries per program, BLOCK_N keys per inner
+    step; by default dK/dV's transposed, with its warps and stages)."""
+
     block_m: int
     block_n: int
     num_warps: int = 4
@@ -34,6 +37,15 @@ class Config:
     bwd_block_n: int = 64
     bwd_warps: int = 4
     bwd_stages: int = 1
+    dq_block_m: Optional[int] = None
+    dq_block_n: Optional[int] = None
+    dq_warps: Optional[int] = None
+    dq_stages: Optional[int] = None
+
+    def dq(self) -> tuple:
+        """(BLOCK_M, BLOCK_N, warps, stages) of the dQ kernel."""
+        return (self.dq_block_m or self.bwd_block_n, self.dq_block_n or self.bwd_block_m,
+                self.dq_warps or self.bwd_warps, self.dq_stages or self.bwd_stages)
 
 
 # tiles used under the interpreter (and claimed by the adapter there)
@@ -51,11 +63,17 @@ def default_config(head_dim: int, dtype: torch.dtype, device_type: str, head_dim
         if bd <= 128:
             return Config(32, 32, 4, 2, 32, 32, 4, 2)
         return Config(32, 16, 4, 1, 16, 32, 4, 1)
-    # tuned on the H200 (benchmarks/bench_attention.py --tune, bf16 D=128 N=8192): forward 64x64 w4 s3
-    # 530 TFLOP/s vs 492 for 128x64 w8 s3; backward 64x128 w8 s3 401 vs 361 for s2
+    # tuned on the H200, bf16, N = 8192 (benchmarks/tune_triton.py; BENCHMARKS.md "Triton kernel tiles, 2026-12-04").
+    # Forward tiles stay 64x64 (the adapter's claimed tiles; other configurations use tiles that divide them).
+    # Per kernel, microseconds no mask / causal: D <= 64 dK/dV 32x128 w4 s3 4898 / 3282 (64x128 w8 s3: 5940 / 3616),
+    # dQ 64x64 w4 s3 2603 / 1407 (128x64 w8 s3: 2560 / 1758); D = 128 dK/dV 64x128 w8 s3 4518 / 2635 and dQ 128x64
+    # w8 s3 2515 / 1334 (best of seven each); D = 256 forward 64x64 w4 s3 489 / 428 TFLOP/s (64x32 w4 s2: 416 / 395),
+    # dK/dV 64x64 w8 s2 7701 / 4430 (32x64 w4 s1: 21534 / 18081), dQ 64x32 w4 s3 3413 / 1848 (64x32 w4 s1: 3984 / 2085)
+    if bd <= 64:
+        return Config(64, 64, 4, 3, 32, 128, 4, 3, dq_block_m=64, dq_block_n=64, dq_warps=4, dq_stages=3)
     if bd <= 128:
         return Config(64, 64, 4, 3, 64, 128, 8, 3)
-    return Config(64, 32, 4, 2, 32, 64, 4, 1)
+    return Config(64, 64, 4, 3, 64, 64, 8, 2, dq_block_m=64, dq_block_n=32, dq_warps=4, dq_stages=3)
 
 
 def _head_dims(p) -> dict:
@@ -144,7 +162,7 @@ def prepare(q, k, v, spec) -> Prepared:
             stride_az, stride_ah = slopes.stride(0), slopes.stride(1)
     if spec.softcap is not None:
         c = float(spec.softcap)
-        softcap_scale, softcap_c2 = scale / c, c * flash_fwd.LOG2E_F
+        softcap_scale, softcap_c2 = scale / c, c * common.LOG2E_F
     else:
         softcap_scale, softcap_c2 = 1.0, 1.0
     win_left = win_right = BIG
@@ -163,14 +181,16 @@ def prepare(q, k, v, spec) -> Prepared:
         IEEE=q.dtype == torch.float32,
     )
     return Prepared(b, hq, hkv, lq, lk, d, dv, n_batch, max_q, max_k, cu_q, cu_k, slopes, stride_az, stride_ah,
-                    scale, scale * flash_fwd.LOG2E_F, softcap_scale, softcap_c2, win_left, win_right, flags)
+                    scale, scale * common.LOG2E_F, softcap_scale, softcap_c2, win_left, win_right, flags)
 
 
 def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[int] = None,
-            num_warps: Optional[int] = None, num_stages: Optional[int] = None, prep: Optional[Prepared] = None):
-    """Returns (out, lse, prep): out (B, Hq, Lq, Dv) in q's dtype, lse (B, Hq, Lq) float32 natural log."""
+            num_warps: Optional[int] = None, num_stages: Optional[int] = None, prep: Optional[Prepared] = None,
+            config: Optional[Config] = None):
+    """Returns (out, lse, prep): out (B, Hq, Lq, Dv) in q's dtype, lse (B, Hq, Lq) float32 natural log.
+    `config` replaces the default configuration; the other keywords override single fields of it."""
     p = prep or prepare(q, k, v, spec)
-    cfg = default_config(p.d, q.dtype, q.device.type, p.dv)
+    cfg = config or default_config(p.d, q.dtype, q.device.type, p.dv)
     bm, bn = block_m or cfg.block_m, block_n or cfg.block_n
     nw, ns = num_warps or cfg.num_warps, num_stages or cfg.num_stages
     out = torch.empty(p.b, p.hq, p.lq, p.dv, device=q.device, dtype=q.dtype)
@@ -191,12 +211,18 @@ def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[i
 
 
 def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = None, block_n: Optional[int] = None,
-             num_warps: Optional[int] = None, num_stages: Optional[int] = None, prep: Optional[Prepared] = None):
-    """Returns (dq, dk, dv) in the inputs' dtype. d_lse may be None."""
+             num_warps: Optional[int] = None, num_stages: Optional[int] = None, prep: Optional[Prepared] = None,
+             config: Optional[Config] = None):
+    """Returns (dq, dk, dv) in the inputs' dtype. d_lse may be None. `block_m`/`block_n` set dK/dV's
+    tiles and, transposed, dQ's; `config` replaces the default configuration."""
     p = prep or prepare(q, k, v, spec)
-    cfg = default_config(p.d, q.dtype, q.device.type, p.dv)
-    bm, bn = block_m or cfg.bwd_block_m, block_n or cfg.bwd_block_n
-    nw, ns = num_warps or cfg.bwd_warps, num_stages or cfg.bwd_stages
+    cfg = config or default_config(p.d, q.dtype, q.device.type, p.dv)
+    if block_m or block_n:
+        cfg = replace(cfg, bwd_block_m=block_m or cfg.bwd_block_m, bwd_block_n=block_n or cfg.bwd_block_n,
+                      dq_block_m=None, dq_block_n=None)
+    if num_warps or num_stages:
+        cfg = replace(cfg, bwd_warps=num_warps or cfg.bwd_warps, bwd_stages=num_stages or cfg.bwd_stages,
+                      dq_warps=num_warps or cfg.dq_warps, dq_stages=num_stages or cfg.dq_stages)
     dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
     dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
@@ -206,35 +232,36 @@ def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = 
     if p.flags["IS_VARLEN"]:
         # rows outside every segment (if cu_seqlens do not cover the pack) get no program
         dq.zero_(); dk.zero_(); dv.zero_()
-    bdv = max(16, triton_next_pow2(p.dv))
+    dims = _head_dims(p)
     delta = torch.empty(p.b, p.hq, p.lq, device=q.device, dtype=torch.float32)
     pre_m = 64
     dl = d_lse if d_lse is not None else delta
     dl_strides = d_lse.stride() if d_lse is not None else (0, 0, 0)
     flash_bwd._bwd_preprocess[(triton.cdiv(p.lq, pre_m), p.b * p.hq)](
         out, d_out, dl, delta, *out.stride(), *d_out.stride(), *dl_strides, p.hq, p.lq,
-        HEAD_DIM_V=p.dv, BLOCK_DV=bdv, BLOCK_M=pre_m, HAS_DLSE=d_lse is not None,
+        HEAD_DIM_V=p.dv, BLOCK_DV=dims["BLOCK_DV"], EVEN_DV=dims["EVEN_DV"], BLOCK_M=pre_m, HAS_DLSE=d_lse is not None,
     )
     slopes = p.slopes if p.slopes is not None else delta
     cu_q = p.cu_q if p.cu_q is not None else delta
     cu_k = p.cu_k if p.cu_k is not None else delta
-    common = dict(**_head_dims(p), num_warps=nw, num_stages=ns, **p.flags)
+    common = dict(**dims, **p.flags)
+    bn = cfg.bwd_block_n
     flash_bwd._bwd_dkdv[(triton.cdiv(p.max_k, bn), p.n_batch * p.hkv)](
         q, k, v, d_out, lse, delta, dk, dv, slopes, cu_q, cu_k,
         *q.stride(), *k.stride(), *v.stride(), *d_out.stride(), *dk.stride(), *dv.stride(),
         p.stride_az, p.stride_ah,
         p.hq, p.hkv, p.hq // p.hkv, p.lq, p.lk, p.lq,
         p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
-        BLOCK_M=bm, BLOCK_N=bn, **common,
+        BLOCK_M=cfg.bwd_block_m, BLOCK_N=bn, num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages, **common,
     )
-    # dQ runs the transposed partition (queries outer in blocks of bn, keys inner in blocks of bm)
-    flash_bwd._bwd_dq[(triton.cdiv(p.max_q, bn), p.n_batch * p.hq)](
+    # dQ: queries outer (a program per BLOCK_M of them), keys inner
+    qm, qn, qw, qs = cfg.dq()
+    flash_bwd._bwd_dq[(triton.cdiv(p.max_q, qm), p.n_batch * p.hq)](
         q, k, v, d_out, lse, delta, dq, slopes, cu_q, cu_k,
         *q.stride(), *k.stride(), *v.stride(), *d_out.stride(), *dq.stride(),
         p.stride_az, p.stride_ah,
         p.hq, p.hq // p.hkv, p.lq, p.lk, p.lq,
         p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
-        BLOCK_M=bn, BLOCK_N=bm, **common,
+        BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common,
     )
     return dq, dk, dv
-

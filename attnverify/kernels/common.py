@@ -1,0 +1,185 @@
+"""Triton helpers shared by the forward and backward kernels: one home for each rule.
+
+- `_segment`: the prologue of every kernel: where batch or varlen segment `off_z` lives (its start
+  rows and lengths, from cu_seqlens or the dense shape) and the diagonal offsets (`diag_off` for
+  windows and ALiBi, always bottom-right; `causal_off` for the causal mask, by its alignment).
+- `_base`: a (batch, head, start row) base pointer in 64-bit arithmetic.
+- `_key_range`: which key blocks a query block sees, and which of them need no element mask
+  (the forward and dQ kernels loop over keys; dK/dV loops over queries, `_query_range`).
+- `_scores`: raw q.k -> scores in log2 units with softcap, ALiBi and the visibility masks.
+- `_lowp`, `_dot`, `_tanh`: dtype conversion, dots, tanh that also run under the interpreter.
+
+Nothing here touches a GPU at import.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E_F = 1.4426950408889634  # host-side floats
+LN2_F = 0.6931471805599453
+LOG2E = tl.constexpr(LOG2E_F)  # globals read inside @triton.jit must be constexpr
+LN2 = tl.constexpr(LN2_F)
+BIG = 1 << 30  # "unbounded" window side
+
+
+@triton.jit
+def _segment(CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """-> (b_idx, q_start, k_start, seq_q, seq_k, diag_off, causal_off) of batch or segment `off_z`."""
+    zero = off_z * 0
+    if IS_VARLEN:  # one packed batch: segment z is rows [cu[z], cu[z + 1])
+        q_start = tl.load(CU_Q + off_z)
+        seq_q = tl.load(CU_Q + off_z + 1) - q_start
+        k_start = tl.load(CU_K + off_z)
+        seq_k = tl.load(CU_K + off_z + 1) - k_start
+        b_idx = zero
+    else:
+        q_start = zero
+        k_start = zero
+        seq_q = zero + seq_q_arg
+        seq_k = zero + seq_k_arg
+        b_idx = off_z
+    diag_off = seq_k - seq_q
+    if CAUSAL_BR:
+        causal_off = diag_off
+    else:
+        causal_off = zero
+    return b_idx, q_start, k_start, seq_q, seq_k, diag_off, causal_off
+
+
+@triton.jit
+def _base(P, b_idx, head, start, stride_z, stride_h, stride_l):
+    return P + b_idx.to(tl.int64) * stride_z + head.to(tl.int64) * stride_h + start.to(tl.int64) * stride_l
+
+
+@triton.jit
+def _key_range(m_lo, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Key blocks that query rows [m_lo, m_lo + BLOCK_M) see: -> (lo, full_hi, mask_lo, hi).
+
+    Blocks [lo, full_hi) need no element mask (inside Lk and, causal, wholly under the diagonal);
+    blocks [mask_lo, hi) are masked. With a window every block is masked. Keys past Lk are always in
+    the masked part: zero-loaded they would give p = exp2(0 - lse), which can overflow in dQ.
+    """
+    m_hi = tl.minimum(m_lo + BLOCK_M, seq_q)  # exclusive
+    hi = seq_k
+    lo = m_lo * 0
+    if IS_CAUSAL:
+        hi = tl.minimum(hi, m_hi + causal_off)
+    if HAS_WINDOW:
+        hi = tl.minimum(hi, m_hi + diag_off + win_right)
+        lo = tl.maximum(lo, m_lo + diag_off - win_left)
+        lo = (lo // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(hi, 0)
+    if HAS_WINDOW:
+        full_hi = lo
+    else:
+        full_hi = tl.minimum((seq_k // BLOCK_N) * BLOCK_N, hi)
+        if IS_CAUSAL:
+            full_hi = tl.minimum(full_hi, (tl.maximum(m_lo + causal_off + 1, 0) // BLOCK_N) * BLOCK_N)
+    return lo, full_hi, tl.maximum(full_hi, lo), hi
+
+
+@triton.jit
+def _query_range(n_lo, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Query blocks that see keys [n_lo, n_lo + BLOCK_N): -> (lo, full_lo, hi).
+
+    Blocks [lo, full_lo) are masked (they cross the causal diagonal, or a window is on); blocks
+    [full_lo, hi) are wholly below the diagonal and need no element mask (keys past Lk are
+    zero-loaded there and reach only rows that are never stored).
+    """
+    n_hi = tl.minimum(n_lo + BLOCK_N, seq_k)
+    lo = n_lo * 0
+    hi = seq_q
+    if IS_CAUSAL:
+        lo = tl.maximum(lo, n_lo - causal_off)
+    if HAS_WINDOW:
+        lo = tl.maximum(lo, n_lo - diag_off - win_right)
+        hi = tl.minimum(hi, n_hi - 1 - diag_off + win_left + 1)
+    lo = tl.minimum(lo, seq_q)
+    lo = (lo // BLOCK_M) * BLOCK_M
+    hi = tl.maximum(hi, lo)
+    if HAS_WINDOW:
+        full_lo = hi
+    elif IS_CAUSAL:
+        full_lo = tl.minimum(tl.maximum(((n_lo + BLOCK_N - 1 - causal_off + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, lo), hi)
+    else:
+        full_lo = lo
+    return lo, full_lo, hi
+
+
+@triton.jit
+def _tanh(x):
+    """tanh in fp32 without libdevice (the interpreter has none): series near 0, exp form elsewhere."""
+    ax = tl.abs(x)
+    e = tl.exp(-2.0 * ax)
+    big = (1.0 - e) / (1.0 + e)
+    x2 = ax * ax
+    small = ax * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * (-0.05396825396825397))))
+    t = tl.where(ax < 0.125, small, big)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _lowp(x, DT: tl.constexpr, UPCAST: tl.constexpr):
+    """fp32 -> DT. Under the interpreter (UPCAST) bf16 is rounded to nearest even by hand first: its
+    own conversion truncates, which biases P and the outputs low and fails a correct kernel."""
+    if UPCAST and DT == tl.bfloat16:
+        b = x.to(tl.uint32, bitcast=True)
+        b = b + 0x7FFF + ((b >> 16) & 1)
+        x = ((b >> 16) << 16).to(tl.float32, bitcast=True)
+    return x.to(DT)
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _scores(qk, ii, jj, seq_k, diag_off, causal_off, win_left, win_right, slope,
+            scale, qk_scale, softcap_scale, softcap_c2,
+            MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+            HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, BOUNDS: tl.constexpr = True):
+    """Raw q.k (fp32) -> final scores in log2 units, and tanh (for softcap grads).
+
+    `ii` (query index) and `jj` (key index) are 2-D broadcastable index tensors, so the same code
+    serves the (M, N) orientation of the forward and dQ and the (N, M) one of dK/dV.
+    """
+    if HAS_SOFTCAP:
+        t = _tanh(qk * softcap_scale)  # softcap_scale = scale / c
+        s = t * softcap_c2  # softcap_c2 = c * log2(e)
+    else:
+        t = qk
+        s = qk * qk_scale  # qk_scale = scale * log2(e)
+    if HAS_ALIBI:
+        dist = tl.abs(ii + diag_off - jj).to(tl.float32)
+        s = s - (slope * LOG2E) * dist
+    if MASK:
+        if BOUNDS:
+            vis = jj < seq_k
+        else:  # keys past Lk are zero-loaded; in the backward they only reach unstored rows
+            vis = jj >= 0
+        if IS_CAUSAL:
+            vis = vis & (jj <= ii + causal_off)
+        if HAS_WINDOW:
+            vis = vis & (jj >= ii + diag_off - win_left)
+            vis = vis & (jj <= ii + diag_off + win_right)
+        s = tl.where(vis, s, float("-inf"))
+    return s, t
+
+
+@triton.jit
+def _slope(SLOPES, b_idx, head, stride_az, stride_ah, HAS_ALIBI: tl.constexpr):
+    if HAS_ALIBI:
+        slope = tl.load(SLOPES + b_idx * stride_az + head * stride_ah).to(tl.float32)
+    else:
+        slope = (b_idx * 0).to(tl.float32)
+    return slope
