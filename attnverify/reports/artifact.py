@@ -41,6 +41,17 @@ def load_case_file(path: Optional[str]) -> Optional[dict]:
     return d if isinstance(d, dict) else None
 
 
+def _numbers(x: Any) -> Any:
+    """Strict JSON keeps inf and nan as strings (attnverify.journal): make them numbers again."""
+    if isinstance(x, str) and x in ("inf", "-inf", "nan"):
+        return float(x)
+    if isinstance(x, dict):
+        return {k: _numbers(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_numbers(v) for v in x]
+    return x
+
+
 def load_evidence(path: Optional[str]) -> Dict[str, Any]:
     """The evidence stored beside a case file, with heatmaps as PNG data URIs; a note when missing."""
     empty = {"notes": [NO_EVIDENCE], "rerun": False, "diagnosis": None, "heatmaps": [], "worst_rows": [],
@@ -51,6 +62,7 @@ def load_evidence(path: Optional[str]) -> Dict[str, Any]:
     ev = load_case_file(stem + ".evidence.json")
     if ev is None:
         return empty
+    ev = _numbers(ev)
     arrays = {}
     npz = stem + ".evidence.npz"
     if os.path.exists(npz):
