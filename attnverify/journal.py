@@ -25,7 +25,9 @@ Per event:
         profile     "ci" | "dev" | "thorough"
         device      "auto" | "cpu" | "cuda" (the --attn-device preference)
         isolate     "subprocess" | "none";  timeout: float seconds per example (subprocess only)
-        adapters    [{"name", "available": bool, "reason": str | null, "claims": str, "device": str}]
+        adapters    [{"name", "available": bool, "reason": str | null, "claims": str, "device": str,
+                      "origin": attnverify.origin.adapter_origin(): kind builtin | file | module | registered,
+                                target (what --adapter takes), file, attr, sha256 of the file, ...}]
         properties  [str]  names of the properties collected
         argv        [str]  the pytest command line
     case_start  (before each example is judged: a crash leaves this record without a `result`)
@@ -47,6 +49,9 @@ Per event:
         case_file   str | null, reports/cases/<id>.json of the shrunk failing case
         repro       str | null, the command that replays it (`attnverify repro <case_file>`)
         status      the failing example's status (failed | error | crashed | timeout) or null
+    conventions (once per adapter and device in each process that judged it: probed by the judging child)
+        adapter, device;  declared, observed: {"causal", "fully_masked", "lse", "nan"} -> str
+        note        str: why the probe failed ("" when it ran)
     run_end     (one per run, written by the controlling process)
         exit_status int (pytest's), seconds float, counts {"passed": n, "failed": n, "skipped": n, ...}
 
@@ -55,10 +60,14 @@ run names the example that killed it (`dangling_cases`).
 
 Saved cases: `reports/cases/<id>.json`, <id> = sha1(property, adapter, drawn)[:12], holds
 `Case.to_dict()` (seed, describe, shapes, dtype, device, recipe; its own id as "case_id") plus "id",
-"adapter", "adapter_origin" ({"file", "module"} where the adapter was defined, so repro can import
-it), "property", "drawn", "status", "message", "run_id", "seed_run", "repro", "env"; and, when no recipe can rebuild the tensors, "tensors": "<id>.pt" beside it
+"adapter", "adapter_origin" (as in run_start, so repro and the report name it), "property", "drawn",
+"status", "message", "records" (the failing example's comparison records), "run_id", "seed_run",
+"repro", "env"; and, when no recipe can rebuild the tensors, "tensors": "<id>.pt" beside it
 (written by `Case.save`). `attnverify repro FILE` reads these files (and a journal, where it
-replays the dangling case).
+replays the dangling case). Beside each: `<id>.evidence.json` and `<id>.evidence.npz`, the failure's
+diagnosis, heatmap arrays and worst rows, computed during the run by the judging child
+(attnverify/evidence.py). A merged report folder (attnverify/reports/merge.py) adds `source` to
+every record and a `merged.json` manifest.
 """
 from __future__ import annotations
 
