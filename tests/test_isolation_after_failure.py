@@ -22,7 +22,15 @@ from attnverify.journal import describe_recipe, read_journal
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="crash isolation forks; this platform has no fork")
 
-LIMIT = 48
+# The H200 run faulted from Lq = 48. Here the fault is on even Lq from 12, so that whatever the seed the
+# properties' corpus (run before anything is generated; Hypothesis stops at its first failing example)
+# meets both: forward_matches_reference's first case (Lq 17) is a wrong answer, and each later property
+# reaches Lq 16 and faults.
+LIMIT = 12
+
+
+def faults(lq: int) -> bool:
+    return lq >= LIMIT and lq % 2 == 0
 
 CONFTEST = '''
 import os, signal, torch, attnverify as av
@@ -52,7 +60,7 @@ def flaky(q, k, v, spec):
     if os.getpid() == DRIVER:  # never: the driving process must not run the adapter
         with open(MARK, "a") as f:
             f.write(f"adapter called in the driving process on {tuple(q.shape)}\\n")
-    if q.shape[2] >= LIMIT:
+    if q.shape[2] >= LIMIT and q.shape[2] % 2 == 0:
         _fault(q)
     return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v   # forgets the scale: wrong, every Lq
 '''
@@ -118,13 +126,14 @@ def test_every_example_is_judged_in_a_child_after_failures_and_crashes(pytester,
         # no property reports a case it did not fail on: a fault only where the adapter faults, a wrong
         # answer only where it answers (and only in the property that can see a missing scale)
         if fault:
-            assert lq >= LIMIT, (r["property"], describe_recipe(case), r["message"][:500])
+            assert faults(lq), (r["property"], describe_recipe(case), r["message"][:500])
         else:
             assert r["status"] == "failed" and r["property"] == "forward_matches_reference", r
-            assert lq < LIMIT and "mismatch" in (r["message"] or "").lower(), r
+            assert not faults(lq) and "mismatch" in (r["message"] or "").lower(), r
         assert "build_case" not in (r["message"] or ""), r["message"][:800]  # the H200's bogus failures
-    assert statuses["forward_matches_reference"] in ("failed", "crashed", "error")
-    assert any(s in ("crashed", "error") for p, s in statuses.items() if p != "forward_matches_reference"), statuses
+    assert statuses["forward_matches_reference"] == "failed", (statuses, out[-3000:])
+    later = {p: s for p, s in statuses.items() if p != "forward_matches_reference"}
+    assert later and all(s in ("crashed", "error") for s in later.values()), (statuses, out[-3000:])
     crashed = [r for r in recs if r["event"] == "result" and r.get("status") == "crashed"]
     assert crashed or device == "cuda"  # on the CPU the fault is a signal: crashed examples, one result each
     if html:
