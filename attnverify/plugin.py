@@ -402,23 +402,9 @@ def _adapter_info(a, s: Settings) -> dict:
 
 
 def _origin(adapter, s: Settings) -> dict:
-    """Where the adapter comes from (attnverify.origin), from the --adapter value that named it."""
-    from .adapters.registry import get
-    from .origin import adapter_origin
+    from .recording import origin_of
 
-    requested = None
-    for n in s.adapter_names:
-        if n == adapter.name:
-            requested = n
-            break
-        if ":" in n:
-            try:
-                if get(n) is adapter:
-                    requested = n
-                    break
-            except Exception:  # noqa: BLE001 - an origin is information, never a failure
-                continue
-    return adapter_origin(adapter, requested, cwd=s.cwd or None)
+    return origin_of(adapter, s.adapter_names, s.cwd or None)
 
 
 def pytest_report_header(config):
@@ -540,7 +526,7 @@ class PropertyItem(pytest.Item):
             if known:  # a documented finding: reported, not a new failure (XPASS once it is fixed)
                 info.update(outcome="known", status="known", message=f"known finding: {known}\n{msg}")
                 pytest.xfail(f"known finding: {known}")
-            _store_evidence(s, self.adapter, fail, info.get("case_file"))
+            _record().store_evidence(s.runner, self.adapter, fail, info.get("case_file"))
             raise AttnFailure(msg) from None
         except BaseException as e:
             skipped = isinstance(e, pytest.skip.Exception) or type(e).__name__ in ("PropertySkipped", "SkipTest")
@@ -555,7 +541,7 @@ class PropertyItem(pytest.Item):
                 info["judged_in_process"] = n_in_process
             s.journal.write({"event": "test_end", **info})
             self.user_properties.append(("attnverify", info))
-            _probe_conventions(s, self.adapter)
+            _record().probe_conventions(s.runner, s.journal, self.adapter, s.device, s.probed)
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, AttnFailure):
@@ -563,37 +549,10 @@ class PropertyItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
 
-def _store_evidence(s: Settings, adapter, fail: dict, case_file: Optional[str]) -> None:
-    """The failure's diagnosis, heatmap arrays and worst rows, computed by the judging child (never
-    here: this process must not call the adapter or build a case on its device) and stored beside
-    the case file, where the report and the pytest-html extras read them."""
-    if not case_file:
-        return
-    from .evidence import record_evidence
+def _record():
+    from . import recording  # what the run stores for its report: evidence, convention probes, origins
 
-    try:
-        record_evidence(s.runner, adapter, status=fail.get("status") or "failed", case=fail.get("case"),
-                        case_file=case_file)
-    except Exception as e:  # noqa: BLE001 - the failure matters more than its evidence
-        print(f"attnverify: no evidence stored for {case_file}: {type(e).__name__}: {e}", file=sys.stderr)
-
-
-def _probe_conventions(s: Settings, adapter) -> None:
-    """Journal the adapter's observed conventions once per (adapter, device) and process, probed by
-    the judging child on the device the run uses for it."""
-    try:
-        dev = adapter.run_device(s.device)
-    except ValueError:
-        return
-    if (adapter.name, dev) in s.probed or s.runner is None:
-        return
-    s.probed.add((adapter.name, dev))
-    from .probes import probe_record
-
-    try:
-        s.journal.write(probe_record(s.runner, adapter, dev))
-    except Exception as e:  # noqa: BLE001 - a probe is information, never a failure
-        print(f"attnverify: conventions of {adapter.name} not probed: {type(e).__name__}: {e}", file=sys.stderr)
+    return recording
 
 
 def _rel(path: str) -> str:
