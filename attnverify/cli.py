@@ -3,7 +3,7 @@
     attnverify run [--adapter NAME ...] [--profile P] [--seed N] [-n N] [-- PYTEST ARGS]
     attnverify adapters
     attnverify repro FILE            # reports/cases/<id>.json, or a results.jsonl: its dangling case
-    attnverify report DIR
+    attnverify report DIR            # or: attnverify report RUN1 RUN2 ... --out MERGED
 
 Exit status: 0 all held, 1 a property failed, 2 usage error or nothing tested (an adapter unavailable
 here or every property skipped; `run --allow-untested` accepts that), 3 internal error.
@@ -297,11 +297,23 @@ def _render(report_dir: str) -> int:
 
 
 def cmd_report(ns) -> int:
-    if not os.path.isdir(ns.dir):
-        raise CliUsageError(f"report DIR: {ns.dir!r} is no folder; give the report folder of a run (default: reports)")
-    # diagnosis replays failures, so conftest-registered adapters must be resolvable here too
-    _import_conftest(ns.conftest)
-    return _render(ns.dir)
+    """Render from the report folder only (nothing is run, no adapter is needed); several folders merge
+    into --out first."""
+    dirs = list(ns.dir or ["reports"])
+    for d in dirs:
+        if not os.path.isdir(d):
+            raise CliUsageError(f"report DIR: {d!r} is no folder; give the report folder of a run (default: reports)")
+    if len(dirs) > 1 and not ns.out:
+        raise CliUsageError(f"report: {len(dirs)} folders given; name the merged report's folder with --out MERGED")
+    if not ns.out:
+        return _render(dirs[0])
+    from .reports.merge import MergeError, merge
+
+    try:
+        out = merge(dirs, ns.out)
+    except MergeError as e:
+        raise CliUsageError(str(e)) from None
+    return _render(out)
 
 
 # -------------------------------------------------------------------------------------------- main
@@ -337,9 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--isolate", choices=("auto", "subprocess", "none"), default="auto")
     x.add_argument("--timeout", type=float, default=60.0)
     x.add_argument("--conftest", help="import this file first (default ./conftest.py) for its adapters")
-    rp = sub.add_parser("report", help="render the HTML report from a report folder's journal")
-    rp.add_argument("dir", nargs="?", default="reports")
-    rp.add_argument("--conftest", help="import this file first (default ./conftest.py) for its adapters")
+    rp = sub.add_parser("report", help="render the HTML report from a report folder (several: merged into --out)")
+    rp.add_argument("dir", nargs="*", help="report folder(s) of runs (default: reports)")
+    rp.add_argument("--out", help="merge the folders given into this new folder and render it there")
     # their own parsers live with their code (attnverify/zoo/selftest.py, attnverify/bench.py)
     sub.add_parser("selftest", add_help=False, help="run the suite against the zoo of wrong implementations")
     sub.add_parser("bench", add_help=False, help="speed and peak memory of adapters side by side")

@@ -21,7 +21,6 @@ ATTNVERIFY_CHILD_THREADS=N to override where you know the parent never ran a par
 """
 from __future__ import annotations
 
-import math
 import os
 import signal
 import time
@@ -180,6 +179,12 @@ class SubprocessRunner:
     def pid(self) -> Optional[int]:
         return None if self._proc is None else self._proc.pid
 
+    def prepare(self, *objects) -> None:
+        """Hand objects (jobs the run will send later: evidence, convention probes) to the next child
+        forked, so sending them after a failure does not need a fork of its own."""
+        for o in objects:
+            self._objects.setdefault(id(o), o)
+
     # -- one example
     def timeout_for(self, prop, adapter=None) -> Optional[float]:
         """The per-example timeout, scaled by the property's cost in adapter calls per example (a
@@ -297,6 +302,9 @@ class InProcessRunner:
             res.seconds = time.perf_counter() - t0
         return res
 
+    def prepare(self, *objects) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -308,53 +316,3 @@ def make_runner(isolate: str = "auto", timeout: Optional[float] = DEFAULT_TIMEOU
     if isolate == "none" or (isolate == "auto" and not fork_available()):
         return InProcessRunner()
     return SubprocessRunner(timeout=timeout)
-
-
-def _call_child(conn, fn, args, kwargs) -> None:  # in the forked child
-    _child_setup()
-    try:
-        msg = ("ok", fn(*args, **kwargs))
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
-        msg = ("raised", f"{type(e).__name__}: {e}")
-    try:
-        conn.send(msg)
-    except Exception as e:  # an unpicklable value
-        conn.send(("raised", f"the result could not be sent back ({type(e).__name__}: {e})"))
-
-
-def call_isolated(fn, *args, timeout: Optional[float] = DEFAULT_TIMEOUT, inline: bool = False, **kwargs):
-    """Run fn(*args, **kwargs) in a forked child: -> (True, value) or (False, why).
-
-    For work after the run that calls adapters again (the report's re-runs and convention probes):
-    a hanging or crashing adapter then costs that one piece of the report, never the report. Runs
-    in this process when asked (inline, as under --attn-isolate=none), where fork is unavailable, or
-    where CUDA is already initialised here (forking a CUDA context is unsafe)."""
-    if inline or not fork_available() or cuda_initialised():
-        try:
-            return True, fn(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001
-            return False, f"{type(e).__name__}: {e}"
-    import multiprocessing as mp
-
-    ctx = mp.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_call_child, args=(child, fn, args, kwargs), daemon=True, name="attnverify-report")
-    proc.start()
-    child.close()
-    t0 = time.perf_counter()
-    try:
-        if parent.poll(None if timeout is None or timeout <= 0 else float(timeout)):
-            try:
-                kind, value = parent.recv()
-            except (EOFError, OSError):
-                proc.join(5)
-                code = proc.exitcode
-                return False, ("the process died by " + signal_name(-code) if code is not None and code < 0
-                               else f"the process exited with status {code}")
-            return (kind == "ok"), value
-        return False, f"no answer within {time.perf_counter() - t0:.0f} s (timeout); the process was killed"
-    finally:
-        parent.close()
-        if proc.is_alive():
-            proc.kill()
-        proc.join(5)

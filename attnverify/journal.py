@@ -2,7 +2,8 @@
 
 Every record is written with a single `os.write` on a file opened with O_APPEND, then flushed and
 fsynced, so a run that is killed (SIGKILL, a segfaulting adapter, a lost machine) leaves every record
-written so far on disk; at worst the last line is cut short, and `read_journal` skips it. Several
+written so far on disk; at worst the last line is cut short: `read_journal` skips it, and the next
+run's writer ends that line first, so none of its own records is lost. Several
 processes (pytest-xdist workers) append to the same file safely: each record is one write.
 The file is never rewritten: runs follow one another, told apart by `run_id`.
 
@@ -24,7 +25,9 @@ Per event:
         profile     "ci" | "dev" | "thorough"
         device      "auto" | "cpu" | "cuda" (the --attn-device preference)
         isolate     "subprocess" | "none";  timeout: float seconds per example (subprocess only)
-        adapters    [{"name", "available": bool, "reason": str | null, "claims": str, "device": str}]
+        adapters    [{"name", "available": bool, "reason": str | null, "claims": str, "device": str,
+                      "origin": attnverify.origin.adapter_origin(): kind builtin | file | module | registered,
+                                target (what --adapter takes), file, attr, sha256 of the file, ...}]
         properties  [str]  names of the properties collected
         argv        [str]  the pytest command line
     case_start  (before each example is judged: a crash leaves this record without a `result`)
@@ -46,6 +49,9 @@ Per event:
         case_file   str | null, reports/cases/<id>.json of the shrunk failing case
         repro       str | null, the command that replays it (`attnverify repro <case_file>`)
         status      the failing example's status (failed | error | crashed | timeout) or null
+    conventions (once per adapter and device in each process that judged it: probed by the judging child)
+        adapter, device;  declared, observed: {"causal", "fully_masked", "lse", "nan"} -> str
+        note        str: why the probe failed ("" when it ran)
     run_end     (one per run, written by the controlling process)
         exit_status int (pytest's), seconds float, counts {"passed": n, "failed": n, "skipped": n, ...}
 
@@ -54,10 +60,14 @@ run names the example that killed it (`dangling_cases`).
 
 Saved cases: `reports/cases/<id>.json`, <id> = sha1(property, adapter, drawn)[:12], holds
 `Case.to_dict()` (seed, describe, shapes, dtype, device, recipe; its own id as "case_id") plus "id",
-"adapter", "adapter_origin" ({"file", "module"} where the adapter was defined, so repro can import
-it), "property", "drawn", "status", "message", "run_id", "seed_run", "repro", "env"; and, when no recipe can rebuild the tensors, "tensors": "<id>.pt" beside it
+"adapter", "adapter_origin" (as in run_start, so repro and the report name it), "property", "drawn",
+"status", "message", "records" (the failing example's comparison records), "run_id", "seed_run",
+"repro", "env"; and, when no recipe can rebuild the tensors, "tensors": "<id>.pt" beside it
 (written by `Case.save`). `attnverify repro FILE` reads these files (and a journal, where it
-replays the dangling case).
+replays the dangling case). Beside each: `<id>.evidence.json` and `<id>.evidence.npz`, the failure's
+diagnosis, heatmap arrays and worst rows, computed during the run by the judging child
+(attnverify/evidence.py). A merged report folder (attnverify/reports/merge.py) adds `source` to
+every record and a `merged.json` manifest.
 """
 from __future__ import annotations
 
@@ -174,6 +184,7 @@ class Journal:
     def _open(self) -> int:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            _end_torn_line(self.path, self._fd)
         return self._fd
 
     def write(self, record: dict) -> dict:
@@ -205,6 +216,23 @@ class Journal:
             pass
 
 
+def _end_torn_line(path: str, fd: int) -> None:
+    """A run killed mid-write leaves a last line without its newline: end it before appending, so the
+    next record starts a line of its own (the torn line stays, and readers skip it). Racing writers
+    are safe: each record is one O_APPEND write, so at worst this adds an empty line."""
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return
+        with open(path, "rb") as f:
+            f.seek(size - 1)
+            last = f.read(1)
+        if last != b"\n":
+            os.write(fd, b"\n")
+    except OSError:
+        pass
+
+
 def read_journal(path: str, *, run_id: Optional[str] = None) -> List[dict]:
     """All records (of one run, if `run_id`), in order. Skips a truncated or corrupt line
     (the last line of a killed run) instead of failing; accepts the report dir or the file."""
@@ -225,12 +253,33 @@ def iter_journal(path: str) -> Iterator[dict]:
             raw = raw.strip()
             if not raw:
                 continue
-            try:
-                rec = json.loads(raw.decode("utf-8", errors="replace"))
-            except ValueError:
-                continue  # a line cut short by a kill, or garbage: skip it
-            if isinstance(rec, dict):
-                yield rec
+            yield from _parse_line(raw.decode("utf-8", errors="replace"))
+
+
+_RECORD_START = '{"v": '
+
+
+def _parse_line(text: str) -> Iterator[dict]:
+    """The record(s) of one line. A line cut short by a kill is skipped; where an older writer appended
+    the next run's record to such a line (no newline between), that record is recovered."""
+    try:
+        rec = json.loads(text)
+    except ValueError:
+        rec = None
+    if isinstance(rec, dict):
+        yield rec
+        return
+    dec = json.JSONDecoder()
+    i = text.find(_RECORD_START, 1)
+    while i != -1:
+        try:
+            rec, end = dec.raw_decode(text, i)
+        except ValueError:
+            i = text.find(_RECORD_START, i + 1)
+            continue
+        if isinstance(rec, dict):
+            yield rec
+        i = text.find(_RECORD_START, end)
 
 
 def runs(path: str) -> List[str]:

@@ -280,6 +280,8 @@ class Settings:
     outcomes: Dict[str, dict] = field(default_factory=dict)  # nodeid -> info (controller side)
     allow_untested: bool = False
     untested_lines: List[str] = field(default_factory=list)  # "nothing was tested" (attnverify.untested)
+    probed: set = field(default_factory=set)  # (adapter, device) whose conventions this process journaled
+    cwd: str = ""  # the folder pytest was invoked from (adapter origins are recorded relative to it)
 
     @property
     def is_worker(self) -> bool:
@@ -321,7 +323,7 @@ def pytest_configure(config):
         adapter_names=names, profile=vals["attn_profile"], report=os.path.abspath(report), report_arg=report_arg,
         seed=int(seed), seed_given=seed_given, device=vals["attn_device"], max_examples=vals["attn_max_examples"],
         isolate=isolate, timeout=float(vals["attn_timeout"]), only=bool(vals["attn_only"]), run_id=run_id,
-        worker=worker, allow_untested=bool(vals["attn_allow_untested"]),
+        worker=worker, allow_untested=bool(vals["attn_allow_untested"]), cwd=str(config.invocation_params.dir),
     )
     config.stash[settings_key] = s
     config.pluginmanager.register(_Reporter(s), "attnverify-reporter")
@@ -404,7 +406,14 @@ def _adapter_info(a, s: Settings) -> dict:
         dev = a.run_device(s.device) if why is None else None
     except Exception:
         dev = None
-    return {"name": a.name, "available": why is None, "reason": why, "claims": a.claims.summary(), "device": dev}
+    return {"name": a.name, "available": why is None, "reason": why, "claims": a.claims.summary(), "device": dev,
+            "origin": _origin(a, s)}
+
+
+def _origin(adapter, s: Settings) -> dict:
+    from .recording import origin_of
+
+    return origin_of(adapter, s.adapter_names, s.cwd or None)
 
 
 def pytest_report_header(config):
@@ -468,9 +477,12 @@ class PropertyItem(pytest.Item):
         from .properties.driver import run_property
 
         if s.runner is None:
+            from .evidence import EVIDENCE_JOB
             from .isolation import make_runner
+            from .probes import CONVENTIONS_JOB
 
             s.runner = make_runner(s.isolate, s.timeout)
+            s.runner.prepare(EVIDENCE_JOB, CONVENTIONS_JOB)  # the judging child holds them from its first fork
         t0 = time.perf_counter()
         in_process0 = getattr(s.runner, "in_process_fallback", 0)
         drawn_by_index: Dict[Any, Any] = {}
@@ -502,7 +514,7 @@ class PropertyItem(pytest.Item):
             try:
                 path = save_case(s.report, prop_name=self.prop.name, adapter_name=self.adapter.name, drawn=drawn,
                                  result=fail, run_id=s.run_id, seed=s.seed,
-                                 extra={"adapter_origin": _origin(self.adapter)})
+                                 extra={"adapter_origin": _origin(self.adapter, s), "records": fail.get("records")})
                 info["case_file"] = path
                 info["repro"] = f"attnverify repro {_rel(path)}"
                 # point the replay line at the file keyed by (property, adapter, example)
@@ -523,6 +535,7 @@ class PropertyItem(pytest.Item):
             if known:  # a documented finding: reported, not a new failure (XPASS once it is fixed)
                 info.update(outcome="known", status="known", message=f"known finding: {known}\n{msg}")
                 pytest.xfail(f"known finding: {known}")
+            _record().store_evidence(s.runner, self.adapter, fail, info.get("case_file"))
             raise AttnFailure(msg) from None
         except BaseException as e:
             skipped = isinstance(e, pytest.skip.Exception) or type(e).__name__ in ("PropertySkipped", "SkipTest")
@@ -537,6 +550,7 @@ class PropertyItem(pytest.Item):
                 info["judged_in_process"] = n_in_process
             s.journal.write({"event": "test_end", **info})
             self.user_properties.append(("attnverify", info))
+            _record().probe_conventions(s.runner, s.journal, self.adapter, s.device, s.probed)
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, AttnFailure):
@@ -544,16 +558,10 @@ class PropertyItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
 
-def _origin(adapter) -> dict:
-    import inspect
+def _record():
+    from . import recording  # what the run stores for its report: evidence, convention probes, origins
 
-    fn = getattr(adapter, "fn", None)
-    try:
-        f = inspect.getsourcefile(fn)
-    except (TypeError, OSError):
-        f = None
-    return {"file": os.path.abspath(f) if f else None, "module": getattr(fn, "__module__", None),
-            "attr": getattr(fn, "__name__", None)}
+    return recording
 
 
 def _rel(path: str) -> str:
@@ -702,7 +710,7 @@ def pytest_sessionfinish(session, exitstatus):
         try:
             from .reports import render
 
-            path = render(s.report, timeout=s.timeout or None, isolate=s.isolate != "none")
+            path = render(s.report)
             tr = session.config.pluginmanager.get_plugin("terminalreporter")
             if tr is not None and path:
                 tr.write_line(f"attnverify report: {_rel(str(path))}")
@@ -712,13 +720,14 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """With pytest-html active, attach the diagnosis and heatmaps of a failing property as extras."""
+    """With pytest-html active (--html), attach the stored diagnosis and heatmaps of a failing property as
+    extras: read from the evidence the judging child wrote, never computed here."""
     outcome = yield
     if not isinstance(item, PropertyItem) or call.when != "call":
         return
     report = outcome.get_result()
     info = next((v for k, v in reversed(item.user_properties) if k == "attnverify"), None)
-    if report.failed and info is not None:
+    if report.failed and info is not None and getattr(item.config.option, "htmlpath", None):
         item.attnverify_result = {"adapter": info.get("adapter"), "property": info.get("property"),
                                   "result": {"status": info.get("status") or "failed"},
                                   "case_file": info.get("case_file")}

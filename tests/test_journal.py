@@ -5,8 +5,8 @@ import os
 import pytest
 
 from attnverify.case import CaseRecipe, build_case
-from attnverify.journal import (Journal, case_hint, dangling_cases, example_id, last_run, read_journal, runs,
-                                save_case)
+from attnverify.journal import (Journal, case_hint, dangling_cases, dumps, example_id, last_run, read_journal,
+                                runs, save_case)
 
 
 def test_records_round_trip_with_common_keys(tmp_path):
@@ -32,10 +32,46 @@ def test_truncated_last_line_is_skipped(tmp_path):
         f.write(b'{"v": 1, "event": "result", "run_id": "r1", "mess')  # a kill mid-write
     recs = read_journal(str(tmp_path / "results.jsonl"))
     assert [r["index"] for r in recs] == [0, 1, 2]
-    # and appending after the damage still gives readable records
+    # and appending after the damage keeps every record of the next run
     j2 = Journal(str(tmp_path), run_id="r2")
     j2({"event": "run_start"})
-    assert runs(str(tmp_path)) == ["r1"] or runs(str(tmp_path)) == ["r1", "r2"]
+    assert runs(str(tmp_path)) == ["r1", "r2"]
+
+
+@pytest.mark.parametrize("cut", [1, 17, 40, -1])
+def test_a_journal_cut_mid_line_loses_nothing_of_the_next_run(tmp_path, cut):
+    """A kill in the middle of a record's write: the next run (a new process, a new Journal) keeps every
+    one of its records, its run_start first, and the earlier run keeps all its whole records."""
+    j = Journal(str(tmp_path), run_id="killed")
+    j({"event": "run_start", "seed": 1})
+    j({"event": "case_start", "index": 1, "drawn": {"recipe": {"len_q": 3}}})
+    j.close()
+    torn = (dumps({"v": 1, "event": "result", "run_id": "killed", "index": 1, "message": "x" * 50}) + "\n").encode()
+    with open(tmp_path / "results.jsonl", "ab") as f:
+        f.write(torn[:cut])  # the process died here: no newline
+    nxt = Journal(str(tmp_path), run_id="next")
+    for i, ev in enumerate(("run_start", "case_start", "result", "test_end", "run_end")):
+        nxt({"event": ev, "index": i})
+    nxt.close()
+    assert runs(str(tmp_path)) == ["killed", "next"]
+    assert [r["event"] for r in read_journal(str(tmp_path), run_id="next")] == [
+        "run_start", "case_start", "result", "test_end", "run_end"]
+    assert [r["event"] for r in last_run(str(tmp_path))][0] == "run_start"
+    whole = ["result"] if cut == -1 else []  # only the newline was missing: the record is whole
+    assert [r["event"] for r in read_journal(str(tmp_path), run_id="killed")] == ["run_start", "case_start"] + whole
+    # the torn line stays a line of its own: no record of the next run shares it
+    lines = [ln for ln in open(tmp_path / "results.jsonl", "rb").read().split(b"\n") if ln.strip()]
+    mine = [ln for ln in lines if b'"next"' in ln]
+    assert len(mine) == 5 and all(json.loads(ln)["run_id"] == "next" for ln in mine)
+
+
+def test_a_journal_torn_by_an_older_writer_is_salvaged_on_reading(tmp_path):
+    """Journals written before the repair have the next run's first record glued to the torn line."""
+    with open(tmp_path / "results.jsonl", "wb") as f:
+        f.write(b'{"v": 1, "event": "run_start", "run_id": "a"}\n{"v": 1, "event": "result", "run_id": "a", "mess')
+        f.write(b'{"v": 1, "event": "run_start", "run_id": "b"}\n{"v": 1, "event": "run_end", "run_id": "b"}\n')
+    assert [(r["run_id"], r["event"]) for r in read_journal(str(tmp_path))] == [
+        ("a", "run_start"), ("b", "run_start"), ("b", "run_end")]
 
 
 def test_dangling_case_names_the_example_that_killed_the_run(tmp_path):

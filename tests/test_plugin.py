@@ -336,5 +336,5 @@ def test_examples_judged_without_isolation_are_counted_and_reported(pytester, mo
     assert "judged in the process that drives the run, without crash isolation" in out
     from attnverify.reports import render
 
-    html = open(render(str(pytester.path / "reports"), rerun=False)).read()
+    html = open(render(str(pytester.path / "reports"))).read()
     assert "without crash isolation" in html

@@ -18,7 +18,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import attnverify as av  # noqa: E402
 from attnverify.adapters import registry  # noqa: E402
+from attnverify.evidence import record_evidence  # noqa: E402
+from attnverify.isolation import InProcessRunner  # noqa: E402
 from attnverify.journal import Journal, save_case  # noqa: E402
+from attnverify.probes import probe_record  # noqa: E402
 from attnverify.reports import attach_extras, build_model, render  # noqa: E402
 from attnverify.reports.heatmap import encode_png, heatmap_data_uri  # noqa: E402
 
@@ -39,7 +42,9 @@ def _result_event(j, adapter, prop, res_dict, test):
 
 
 def plant(report_dir, *, finished=True):
-    """A run of 3 adapters x 3 properties: passes, a wrong answer, an exception with <script>, a skip, a crash."""
+    """A run of 3 adapters x 3 properties: passes, a wrong answer, an exception with <script>, a skip, a crash.
+    What the run stores beside the journal (evidence of each failure, convention probes) is stored as the
+    plugin does, through a runner (in-process here)."""
     z = _zoo()
     j = Journal(str(report_dir), fsync=False)
     props = ["forward_matches_reference", "fully_masked_rows", "window"]
@@ -64,6 +69,7 @@ def plant(report_dir, *, finished=True):
         if not res.passed:
             cf = save_case(str(report_dir), prop_name=props[0], adapter_name=name, drawn=case.recipe.to_dict(),
                            result=er.to_dict(), run_id=j.run_id, seed=1234, env={})
+            record_evidence(InProcessRunner(), ad, status="failed", case=er.case, case_file=cf)
         j({"event": "test_end", "adapter": name, "property": props[0], "test": test,
            "outcome": "passed" if res.passed else "failed", "seconds": 0.1, "examples": 1,
            "message": "" if res.passed else res.message(), "case_file": cf,
@@ -80,6 +86,10 @@ def plant(report_dir, *, finished=True):
     j({"event": "test_end", "adapter": "naive", "property": "window", "outcome": "passed"})
     j({"event": "test_end", "adapter": "naive", "property": "fully_masked_rows", "outcome": "passed"})
     j({"event": "test_end", "adapter": "no_scale", "property": "fully_masked_rows", "outcome": "passed"})
+    for ad in (naive, z["no_scale"].adapter):
+        j(probe_record(InProcessRunner(), ad, "cpu"))
+    j({"event": "conventions", "adapter": EVIL, "device": "cpu", "declared": {}, "observed": {},
+       "note": f"probe failed (crashed): {EVIL}"})
     # a crash: case_start without result for the evil adapter
     j({"event": "case_start", "adapter": EVIL, "property": "fully_masked_rows", "test": "t-crash",
        "drawn": case.recipe.to_dict()})
@@ -140,15 +150,22 @@ def test_render_pages(tmp_path):
     for f in m["failures"]:
         p = open(rep / f["link"], encoding="utf-8").read()
         assert "<script" not in p.lower(), f["adapter"]
-    # the conventions table when several adapters ran (the unresolvable one says why)
-    assert 'id="conventions"' in text and "cannot be resolved" in text
+    # the conventions table, from the journal's probe records (a failed probe says why)
+    assert 'id="conventions"' in text and "probe failed (crashed)" in text
+    assert "top_left/bottom_right / neither alignment" in text  # no_scale's causal probe, observed during the run
+    # the index shows each failure's diagnosis
+    assert "softmax scale missing" in text
+    # rendering again writes the same bytes
+    before = {p: p.read_bytes() for p in rep.rglob("*.html")}
+    render(str(rep))
+    assert {p: p.read_bytes() for p in rep.rglob("*.html")} == before
 
 
 def test_snippet_replays(tmp_path):
     """The standalone snippet on a case page runs and reproduces the failure."""
     rep = tmp_path / "reports"
     plant(rep)
-    render(str(rep), probe_conventions=False)
+    render(str(rep))
     m = build_model(str(rep))
     fail = next(f for f in m["failures"] if f["adapter"] == "no_scale")
     page = open(rep / fail["link"], encoding="utf-8").read()
@@ -169,11 +186,11 @@ def test_killed_run_renders(tmp_path):
     plant(rep, finished=False)
     with open(rep / "results.jsonl", "a") as f:
         f.write('{"v": 1, "event": "result", "adapter": "naive", "prop')  # cut short by the kill
-    text = open(render(str(rep), rerun=False, probe_conventions=False), encoding="utf-8").read()
+    text = open(render(str(rep)), encoding="utf-8").read()
     assert 'id="unfinished"' in text and "crashed" in text
 
 
-def test_attach_extras_without_or_with_pytest_html():
+def test_attach_extras_without_or_with_pytest_html(tmp_path):
     class Rep:
         when, failed = "call", True
         extras = []
@@ -194,9 +211,16 @@ def test_attach_extras_without_or_with_pytest_html():
     import _wrong_for_diagnosis as W
 
     res, _ = W.run_one(w)
+    cf = save_case(str(tmp_path), prop_name="forward_matches_reference", adapter_name="no_scale",
+                   drawn={"recipe": res.case.recipe.to_dict()}, result={"status": "failed"})
     item = Item()
     item.user_properties = [("attnverify_result", {"adapter": "no_scale", "property": "forward_matches_reference",
-                                                   "result": {"status": "failed", "case": res.case.to_dict()}})]
+                                                   "result": {"status": "failed"}, "case_file": cf})]
+    rep = Rep()
+    rep.extras = []
+    assert attach_extras(item, rep) is True  # no evidence stored: a note, nothing run here
+    assert "no evidence was stored" in rep.extras[0]["content"]
+    record_evidence(InProcessRunner(), w.adapter, status="failed", case=res.case.to_dict(), case_file=cf)
     rep = Rep()
     rep.extras = []
     assert attach_extras(item, rep) is True
@@ -285,12 +309,11 @@ def _bwd_wrong_adapter():
 
 def test_analysis_of_a_backward_failure_shows_per_key_maps():
     from attnverify.case import CaseRecipe
-    from attnverify.reports.analysis import analyse
+    from attnverify.evidence import analyse
 
     a = _bwd_wrong_adapter()
-    registry.register_adapter(a)
     recipe = CaseRecipe(len_q=40, len_k=40, causal="top_left", seed=4).to_dict()
-    info = analyse("bwd_last_keys", "failed", {"recipe": recipe})
+    info = analyse(a, "failed", {"recipe": recipe})
     ids = [h["id"] for h in info["heatmaps"]]
     assert "heads-dk" in ids and "heads-dv" in ids and "query-keytile" in ids, info["notes"]
     failing = [c["name"] for c in info["check"]["comparisons"] if not c["passed"]]

@@ -1,20 +1,26 @@
 """Declared vs observed conventions of each adapter (causal alignment, fully-masked rows, LSE, NaN).
 
-Declared: from the adapter's claims. Observed: four tiny probes run at render time on this machine
-(cpu when claimed, else cuda when present), each compared with the float64 reference.
+Declared: from the adapter's claims. Observed: four tiny probes, each compared with the float64
+reference, run during the run in the judging child (`ConventionsJob` through the run's runner) on the
+device the run uses for the adapter, and journaled as a `conventions` record that the report reads.
 """
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
-from ..devices import cuda_present
+
+from .devices import cuda_present
+from .properties.base import ExampleResult
 
 
-def _pick(adapter):
+def _pick(adapter, device: Optional[str] = None):
     c = adapter.claims
-    dev = "cpu" if "cpu" in c.devices else ("cuda" if "cuda" in c.devices and cuda_present() else None)
+    if device in c.devices:
+        dev = device
+    else:
+        dev = "cpu" if "cpu" in c.devices else ("cuda" if "cuda" in c.devices and cuda_present() else None)
     dt = next((d for d in ("float32", "float16", "bfloat16", "float64") if d in c.dtypes), None)
     hd = next((d for d in (32, 64, 16, 128) if c.head_dim_ok(d)), None)
     return dev, dt, hd
@@ -27,12 +33,12 @@ def declared(adapter) -> Dict[str, str]:
             "lse": "natural log" if c.lse else "not returned", "nan": "row-local (SPEC)"}
 
 
-def observe(adapter) -> Dict[str, str]:
-    from ..case import CaseRecipe, build_case
-    from ..check import _unpack
-    from ..reference import reference_forward
+def observe(adapter, device: Optional[str] = None) -> Dict[str, str]:
+    from .case import CaseRecipe, build_case
+    from .check import _unpack
+    from .reference import reference_forward
 
-    dev, dt, hd = _pick(adapter)
+    dev, dt, hd = _pick(adapter, device)
     if dev is None or dt is None or hd is None:
         return {k: "not probed (no claimed device/dtype here)" for k in ("causal", "fully_masked", "lse", "nan")}
     c = adapter.claims
@@ -97,3 +103,33 @@ def observe(adapter) -> Dict[str, str]:
     except Exception as e:
         obs["nan"] = f"probe raised {type(e).__name__}"
     return obs
+
+
+class ConventionsJob:
+    """Property-shaped, so the run's runner probes the adapter in its judging child (a crash or hang
+    costs the probe only). drawn: {"device": the run's device for this adapter}."""
+
+    name = "conventions"
+    cost = 4.0
+    needs = ()
+
+    def run_example(self, adapter, drawn) -> ExampleResult:
+        dev = (drawn or {}).get("device")
+        observed = observe(adapter, dev)
+        return ExampleResult(True, records=[{"device": _pick(adapter, dev)[0], "declared": declared(adapter),
+                                             "observed": observed}])
+
+
+CONVENTIONS_JOB = ConventionsJob()  # one object: handed to the judging child before it forks (runner.prepare)
+
+
+def probe_record(runner, adapter, device: Optional[str]) -> dict:
+    """The journal's `conventions` record for one adapter on one device, probed through `runner`."""
+    res = runner(CONVENTIONS_JOB, adapter, {"device": device})
+    if res.passed and res.records:
+        r = res.records[0]
+        return {"event": "conventions", "adapter": adapter.name, "device": r.get("device"),
+                "declared": r.get("declared") or {}, "observed": r.get("observed") or {}, "note": ""}
+    why = (res.message or res.status).strip().splitlines()
+    return {"event": "conventions", "adapter": adapter.name, "device": device, "declared": declared(adapter),
+            "observed": {}, "note": f"probe failed ({res.status}): {why[0] if why else '?'}"}

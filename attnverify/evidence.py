@@ -1,43 +1,47 @@
-"""What a case page shows beyond the journaled metrics: re-run the saved case (when the adapter can be
-resolved by name and the failure was a plain wrong answer), then heatmaps, worst rows and a diagnosis.
+"""Evidence of a failure, computed while the run judges it, in the process that judges it.
 
-Never raises: anything that cannot be done becomes a note on the page.
+A case page and the pytest-html extras show more than the journaled error table: a diagnosis
+(which alternative semantics explains the output), heatmaps of where the error sits, the worst rows.
+Each needs the adapter's output again, so it is computed during the run, in the judging child
+(crash isolation: `record_evidence` sends an `EvidenceJob` through the run's runner), and stored next
+to the failure's case file, which the report then only reads:
+
+    cases/<id>.evidence.json   {"v", "status", "notes", "rerun", "diagnosis", "check", "worst_rows",
+                                "heatmaps": [{"id", "title", "x", "y", "how", "max"}], "computed": {...}}
+    cases/<id>.evidence.npz    one float32 array per heatmap id (the error values; NaN/Inf kept)
+
+Never raises into the run: anything that cannot be done becomes a note in the evidence.
 """
 from __future__ import annotations
 
+import json
 import math
-from typing import Any, Dict, List, Optional
+import os
+import time
+from typing import Any, Dict, Optional
 
 import torch
 
-from .heatmap import heatmap_data_uri
-from ..devices import cuda_present
+from .devices import cuda_present
+from .properties.base import ExampleResult
 
-RERUN_STATUSES = ("failed",)  # crashed/timeout would take the renderer down with them; error has no tensors
+RERUN_STATUSES = ("failed",)  # crashed/timeout would only crash again; error has no tensors
 MAX_TILES = 64
+EVIDENCE_VERSION = 1
 
 
-def _adapter(name: str):
-    from ..adapters import registry
-
-    try:
-        a = registry.get(name)
-    except Exception as e:
-        return None, f"adapter {name!r} cannot be resolved here ({type(e).__name__}: {e})"
-    why = a.unavailable_reason()
-    if why:
-        return None, f"adapter {name!r} is unavailable here: {why}"
-    return a, None
+def evidence_paths(case_file: str):
+    stem = case_file[:-5] if case_file.endswith(".json") else case_file
+    return stem + ".evidence.json", stem + ".evidence.npz"
 
 
 def _case(case_dict: Optional[dict], case_file: Optional[str]):
-    from ..case import CaseRecipe, build_case, load_case
+    from .case import CaseRecipe, build_case, load_case
 
-    dev = "cuda" if cuda_present() else "cpu"
     try:
         if case_dict and case_dict.get("recipe"):
             r = CaseRecipe.from_dict(dict(case_dict["recipe"]))
-            if r.device == "cuda" and dev != "cuda":
+            if r.device == "cuda" and not cuda_present():
                 return None, "the case was made on cuda and this machine has none"
             return build_case(r, label=case_dict.get("label", "")), None
         if case_file:
@@ -47,20 +51,13 @@ def _case(case_dict: Optional[dict], case_file: Optional[str]):
     return None, "no recipe or saved tensors for this case"
 
 
-def analyse(adapter_name: str, status: str, case_dict: Optional[dict], case_file: Optional[str] = None,
-            *, rerun: bool = True) -> Dict[str, Any]:
-    """-> {"notes": [...], "rerun": bool, "diagnosis": dict | None, "heatmaps": [...], "worst_rows": [...],
-    "check": CheckResult.to_dict() | None}"""
+def analyse(adapter, status: str, case_dict: Optional[dict], case_file: Optional[str] = None) -> Dict[str, Any]:
+    """-> {"notes": [...], "rerun": bool, "diagnosis": dict | None, "heatmaps": [{..., "values": ndarray}],
+    "worst_rows": [...], "check": CheckResult.to_dict() | None}. Calls the adapter: run it where a crash
+    costs nothing (the judging child)."""
     info: Dict[str, Any] = {"notes": [], "rerun": False, "diagnosis": None, "heatmaps": [], "worst_rows": [], "check": None}
-    if not rerun:
-        info["notes"].append("re-running disabled: metrics only")
-        return info
     if status not in RERUN_STATUSES:
-        info["notes"].append(f"status {status!r}: the case is not re-run while rendering (metrics and message only)")
-        return info
-    adapter, why = _adapter(adapter_name)
-    if adapter is None:
-        info["notes"].append(why + ": metrics only")
+        info["notes"].append(f"status {status!r}: the case is not run again for a diagnosis (metrics and message only)")
         return info
     case, why = _case(case_dict, case_file)
     if case is None:
@@ -68,16 +65,16 @@ def analyse(adapter_name: str, status: str, case_dict: Optional[dict], case_file
         return info
     try:
         _analyse(adapter, case, info)
-    except Exception as e:  # a report must come out whatever the adapter does
-        info["notes"].append(f"re-running the case failed ({type(e).__name__}: {e}); metrics only")
+    except Exception as e:  # the evidence must come out whatever the adapter does
+        info["notes"].append(f"running the case again failed ({type(e).__name__}: {e}); metrics only")
     return info
 
 
 def _analyse(adapter, case, info) -> None:
-    from ..check import check, unclaimed
-    from ..diagnose import diagnose
-    from ..reference import reference_backward, visible_counts
-    from ..spec import Output
+    from .check import check, unclaimed
+    from .diagnose import diagnose
+    from .reference import reference_backward, visible_counts
+    from .spec import Output
 
     why = unclaimed(adapter, case)
     if why:
@@ -88,10 +85,10 @@ def _analyse(adapter, case, info) -> None:
     info["check"] = res.to_dict()
     if res.status == "error":
         last = (res.error or "").strip().splitlines()[-1:] or ["(no message)"]
-        info["notes"].append("re-running the case raised in the adapter: " + last[0])
+        info["notes"].append("running the case again raised in the adapter: " + last[0])
         return
     if res.passed:
-        info["notes"].append("re-running av.check on this case passes: this property's failure is not a plain "
+        info["notes"].append("av.check on this case passes: this property's failure is not a plain "
                              "comparison with the reference (see the message above)")
     out = res.outputs.get("out")
     ref = res.reference
@@ -133,13 +130,13 @@ def _analyse(adapter, case, info) -> None:
     n_tiles = tile_map.shape[1]
     hm.append({"id": "query-keytile", "title": f"Error over (query row, key tile of {tile})",
                "x": f"key tile (0..{n_tiles - 1}, {tile} keys each, Lk={lk})", "y": f"query row (0..{lq - 1})",
-               "how": how, "max": _fmt(tile_map), "uri": heatmap_data_uri(tile_map.numpy())})
+               "how": how, "max": _fmt(tile_map), "values": tile_map.numpy()})
     # 2. over heads: max |error| per output row, one line per (batch, head)
     heads = row_err.reshape(b * hq, lq)
     hm.append({"id": "heads-out", "title": "Output error over (batch, head) and query row",
                "x": f"query row (0..{lq - 1})", "y": f"(batch, head), {b} x {hq} lines, batch-major",
                "how": "max over the value dim of |out - reference| (NaN/Inf in magenta)", "max": _fmt(heads),
-               "uri": heatmap_data_uri(heads.numpy())})
+               "values": heads.numpy()})
     for name in ("dk", "dv", "dq"):
         g = res.outputs.get(name)
         if name not in ref_grads or not isinstance(g, torch.Tensor) or g.shape != ref_grads[name].shape:
@@ -151,7 +148,7 @@ def _analyse(adapter, case, info) -> None:
         hm.append({"id": f"heads-{name}", "title": f"{name} error per {what}, over (batch, head)",
                    "x": f"{what} (0..{ll - 1})", "y": f"(batch, {'kv ' if name != 'dq' else ''}head), {bb} x {hh} lines",
                    "how": f"max over the head dim of |{name} - reference|", "max": _fmt(e),
-                   "uri": heatmap_data_uri(e.reshape(bb * hh, ll).numpy())})
+                   "values": e.reshape(bb * hh, ll).numpy()})
     # worst rows, with their count of visible keys
     counts = visible_counts(lq, lk, case.spec, batch=b, heads=hq)
     rel = row_err / r.abs().amax(-1).clamp_min(1e-30)
@@ -186,8 +183,8 @@ def _tile_width(lk: int, dv: int, claims_tiles) -> int:
 def _tile_mass_error(adapter, case, keep):
     """Run the adapter once more with V = one-hot of each key's tile: output column t of row i is then the
     attention mass row i puts on tile t. Compare with the reference's mass. (None, ...) when impossible."""
-    from ..reference import reference_forward
-    from ..check import _unpack
+    from .reference import reference_forward
+    from .check import _unpack
 
     lk, dv = case.k.shape[2], case.v.shape[-1]
     if lk == 0:
@@ -215,7 +212,7 @@ def _tile_mass_error(adapter, case, keep):
 
 
 def _tile_projection(case, o, r):
-    from ..diagnose import key_error_profile
+    from .diagnose import key_error_profile
 
     lk = case.k.shape[2]
     tile = _tile_width(lk, MAX_TILES, None)
@@ -226,3 +223,73 @@ def _tile_projection(case, o, r):
     m = est.reshape(*est.shape[:3], n_tiles, tile).sum(-1).amax(dim=(0, 1))
     return m, ("estimated: the output error projected on each key's value direction (the one-hot probe "
                "could not be run)"), tile
+
+
+# --------------------------------------------------------------------------- stored with the case
+
+
+def write_evidence(case_file: str, info: Dict[str, Any], *, status: str, computed: Optional[dict] = None) -> str:
+    """Store `analyse`'s result next to the case file (json + npz); returns the json's path."""
+    import numpy as np
+
+    from .journal import _jsonable
+
+    jpath, npath = evidence_paths(case_file)
+    arrays, maps = {}, []
+    for h in info.get("heatmaps") or []:
+        h = dict(h)
+        vals = h.pop("values", None)
+        if vals is not None:
+            arrays[h["id"]] = np.asarray(vals, dtype=np.float32)
+        maps.append(h)
+    rec = {"v": EVIDENCE_VERSION, "status": status, "notes": list(info.get("notes") or []),
+           "rerun": bool(info.get("rerun")), "diagnosis": info.get("diagnosis"), "check": info.get("check"),
+           "worst_rows": info.get("worst_rows") or [], "heatmaps": maps, "computed": computed or {}}
+    if arrays:
+        tmp = npath + ".tmp.npz"
+        np.savez_compressed(tmp, **arrays)
+        os.replace(tmp, npath)
+    elif os.path.exists(npath):
+        os.unlink(npath)
+    tmp = jpath + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(_jsonable(rec), indent=1, allow_nan=False))
+    os.replace(tmp, jpath)
+    return jpath
+
+
+class EvidenceJob:
+    """Property-shaped, so the run's runner (attnverify.isolation) judges it like an example: in the
+    forked child that holds the adapter. drawn: {"status", "case" (Case.to_dict()), "case_file"}."""
+
+    name = "evidence"
+    cost = 4.0  # check again + the tile probe + the diagnosis's alternatives, in adapter calls
+    needs = ()
+
+    def run_example(self, adapter, drawn) -> ExampleResult:
+        t0 = time.perf_counter()
+        info = analyse(adapter, drawn.get("status") or "failed", drawn.get("case"), drawn.get("case_file"))
+        computed = {"in": "judging process", "pid": os.getpid(), "seconds": round(time.perf_counter() - t0, 3),
+                    "device": (drawn.get("case") or {}).get("device")}
+        path = write_evidence(drawn["case_file"], info, status=drawn.get("status") or "failed", computed=computed)
+        d = info.get("diagnosis") or {}
+        return ExampleResult(True, message=d.get("summary") or "; ".join(info["notes"]) or path)
+
+
+EVIDENCE_JOB = EvidenceJob()  # one object: handed to the judging child before it forks (runner.prepare)
+
+
+def record_evidence(runner, adapter, *, status: str, case: Optional[dict], case_file: str) -> str:
+    """Compute and store the evidence of one failure through `runner` (the run's judge: a forked child
+    under crash isolation), so the process that drives the run never calls the adapter or builds a
+    case on its device. A crash or timeout of the job costs only the evidence (a note says why)."""
+    if status not in RERUN_STATUSES:  # nothing to run: the journal's metrics and message are the evidence
+        info = analyse(adapter, status, case, case_file)
+        return write_evidence(case_file, info, status=status, computed={"in": "driving process (no adapter call)"})
+    res = runner(EVIDENCE_JOB, adapter, {"status": status, "case": case, "case_file": case_file})
+    jpath = evidence_paths(case_file)[0]
+    if res.passed and os.path.exists(jpath):
+        return jpath
+    why = (res.message or res.status).strip().splitlines()
+    note = f"computing the diagnosis failed ({res.status}): {why[0] if why else '?'}; metrics only"
+    return write_evidence(case_file, {"notes": [note]}, status=status, computed={"in": "judging process", "failed": True})
