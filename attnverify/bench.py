@@ -366,14 +366,14 @@ def _inputs(b, hq, hkv, n, d, dtype, device, seed, grad):
 
 
 def _calls(adapter, q, k, v, do, spec):
-    from .check import _unpack
+    from .check import unpack_output
 
     def fwd():
         with torch.no_grad():
-            return _unpack(adapter(q, k, v, spec))[0]
+            return unpack_output(adapter(q, k, v, spec))[0]
 
     def fwd_bwd():
-        o = _unpack(adapter(q, k, v, spec))[0]
+        o = unpack_output(adapter(q, k, v, spec))[0]
         return torch.autograd.grad([o], [q, k, v], [do])
 
     return fwd, fwd_bwd

@@ -29,7 +29,7 @@ def declared(adapter) -> Dict[str, str]:
 
 def observe(adapter) -> Dict[str, str]:
     from ..case import CaseRecipe, build_case
-    from ..check import _unpack
+    from ..check import unpack_output as _unpack
     from ..reference import reference_forward
 
     dev, dt, hd = _pick(adapter)

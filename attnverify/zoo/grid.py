@@ -201,14 +201,14 @@ def _run_with_grads(fn, q, k, v, d_out, backward: bool):
 
 def check_config(adapter, cfg: GridConfig, seed: int = 0) -> Tuple[bool, str]:
     """One grid test: (passed, what failed)."""
-    from ..check import _unpack
+    from ..check import unpack_output
 
     q, k, v, spec, g = make_inputs(cfg, adapter, seed)
     bwd = adapter.claims.backward
     d_out = torch.randn(BATCH, HEADS, cfg.seqlen_q, v.shape[-1], dtype=torch.float64, generator=g)
     ref, ref_g = _run_with_grads(lambda a, b, c: attention_ref(a, b, c, spec, upcast=True), q, k, v, d_out, bwd)
     pt, pt_g = _run_with_grads(lambda a, b, c: attention_ref(a, b, c, spec, upcast=False), q, k, v, d_out, bwd)
-    out, got_g = _run_with_grads(lambda a, b, c: _unpack(adapter(a, b, c, spec))[0], q, k, v, d_out, bwd)
+    out, got_g = _run_with_grads(lambda a, b, c: unpack_output(adapter(a, b, c, spec))[0], q, k, v, d_out, bwd)
     problems = []
     e, b = _max_err(out, ref), _max_err(pt, ref)
     if not e <= OUT_FACTOR * b:  # NaN fails, as in the test file
