@@ -1,6 +1,5 @@
 """The strategies draw only what an adapter claims, validate their arguments, and shrink simply."""
 import math
-import warnings
 
 import pytest
 import torch

@@ -1082,7 +1082,7 @@ class MemoryScaling(Property):
         return self._configs(adapter, device)[:1]
 
     def run_example(self, adapter, drawn) -> ExampleResult:
-        from ..bench import peak_extra_bytes
+        from ..measure import peak_extra_bytes
 
         t0 = time.perf_counter()
         cfg = dict(drawn)
