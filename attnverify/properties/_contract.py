@@ -43,7 +43,7 @@ from ..compare import compare, error_stats
 from ..reference import reference_forward
 from ..spec import Output
 from ..tolerances import tolerance_for
-from ..verdicts import bitwise_difference, compare_pairs, comparison_verdict
+from ..verdicts import bitwise_difference, compare_pairs, comparison_verdict, severity
 from . import _props
 from ._props import CaseProperty, MetamorphicProperty, _call
 from .base import ExampleResult, Property, device_fault
@@ -565,7 +565,7 @@ class NoOutOfBounds(CaseProperty):
                        "values: rows outside the segment were read and multiplied by zero probabilities "
                        "(0 x NaN = NaN) instead of not being read")
                 leaks.append(f"sentinels in the {how}\n{c.message()}")
-                sev = max(sev, min(1e30, c.rel_l2 / c.tol_norm if c.tol_norm else 1e30))
+                sev = max(sev, severity([c]))
         if not leaks:
             return None
         msg = "\n".join([f"[{adapter.name}] varlen segment leak: NaN/huge entries in segment {j} (keys {ck[j]}.."

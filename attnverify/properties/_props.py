@@ -23,7 +23,7 @@ from ..spec import Spec
 from ..strategies import attention_cases, corpus, fully_masked_row_count
 from ..tolerances import tolerance_for, unit_roundoff
 from ..check import magnitudes, score_bound
-from ..verdicts import bitwise_difference, compare_pairs, comparison_verdict
+from ..verdicts import bitwise_difference, compare_pairs, comparison_verdict, severity
 from .base import ExampleResult, Property
 
 
@@ -254,7 +254,7 @@ class NonfiniteInputsPropagate(CaseProperty):
                             f"(e.g. (b, h, i) = {idx}: the NaN/Inf was swallowed)")
         passed = c.passed and not problems
         msg = "" if passed else "\n".join(problems + [c.message(), f"poison: {list(case.recipe.poison)}"])
-        sev = (c.rel_l2 / c.tol_norm if c.tol_norm else 0.0) + (1e3 if problems else 0.0)
+        sev = severity([c]) + (1e3 if problems else 0.0)
         return ExampleResult(passed, msg, severity=min(sev, 1e30), records=[c.to_dict()], case=case.to_dict())
 
 
