@@ -14,8 +14,11 @@ Nothing here touches a GPU, picks a backend or prints at import.
 from .adapters.base import Adapter, Claims, adapter
 from .adapters.registry import UnknownAdapterError, resolve
 from .case import Case, CaseRecipe, build_case, load_case
-from .check import CheckResult, UsageError, assert_attention_close, check
-from .compare import Comparison, compare
+# `check` and `compare` are the modules, callable as their functions (attnverify/callable_module.py):
+# av.check(adapter, case) runs a check, and `attnverify.check` stays a module (import, mock.patch)
+from . import check, compare
+from .check import CheckResult, UsageError, assert_attention_close
+from .compare import Comparison
 from .reference import online_softmax, reference_backward, reference_forward
 from .spec import Output, Spec
 

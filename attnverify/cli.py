@@ -184,7 +184,7 @@ class _CheckCase:
 
 
 def _find_adapter(d: dict, override: Optional[str]):
-    from .adapters.registry import UnknownAdapterError, _load_target, get
+    from .adapters.registry import UnknownAdapterError, get, load_target as _load_target
 
     name = override or d.get("adapter")
     if not name:

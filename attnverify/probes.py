@@ -35,7 +35,7 @@ def declared(adapter) -> Dict[str, str]:
 
 def observe(adapter, device: Optional[str] = None) -> Dict[str, str]:
     from .case import CaseRecipe, build_case
-    from .check import _unpack
+    from .check import unpack_output as _unpack
     from .reference import reference_forward
 
     dev, dt, hd = _pick(adapter, device)

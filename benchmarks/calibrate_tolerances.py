@@ -153,8 +153,10 @@ def main(argv=None):
                 if i % 50 == 49:
                     _dump(args, stats, fails, t0)
             _dump(args, stats, fails, t0)
-            print(f"{name}/{dt}: {sum(len(v) for k, v in stats[f'{name}/{dt}'].items() if k.startswith('status_'))} cases, {len(stats[f'{name}/{dt}']['status_passed'])} passed "
-                  f"({time.time() - t0:.0f}s)", file=sys.stderr)
+            st_ = stats[f"{name}/{dt}"]
+            n_cases = sum(len(v) for k, v in st_.items() if k.startswith("status_"))
+            print(f"{name}/{dt}: {n_cases} cases, {len(st_['status_passed'])} passed ({time.time() - t0:.0f}s)",
+                  file=sys.stderr)
     out = _dump(args, stats, fails, t0)
     summary = out["summary"]
     for key, d in summary.items():

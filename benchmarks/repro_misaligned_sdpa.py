@@ -31,6 +31,6 @@ for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MA
     for offset in (0, 1, 8, 67):
         p = subprocess.run([sys.executable, "-c", CHILD, backend, str(offset), "16"], capture_output=True, text=True, timeout=120)
         out = (p.stdout.strip().splitlines() or [""])[-1]
-        err = [x for x in p.stderr.strip().splitlines() if "Error" in x or "error" in x][-1:] 
+        err = [x for x in p.stderr.strip().splitlines() if "Error" in x or "error" in x][-1:]
         rows.append({"backend": backend, "offset_elems": offset, "exit": p.returncode, "result": out or (err[0][:200] if err else "")})
         print(json.dumps(rows[-1]), flush=True)

@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# lint first (seconds): pyflakes and pycodestyle as configured in pyproject.toml [tool.ruff]
+.venv/bin/python -m ruff check attnverify tests benchmarks
 # without a GPU the bundled Triton kernel runs under the interpreter, which must be on before
 # anything imports triton
 command -v nvidia-smi >/dev/null 2>&1 || export TRITON_INTERPRET=${TRITON_INTERPRET:-1}

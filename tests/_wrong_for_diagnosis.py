@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attnverify as av  # noqa: E402
 from attnverify.case import CaseRecipe, build_case  # noqa: E402
 from attnverify.spec import Output  # noqa: E402
+from attnverify.visibility import row_key_indices, visible  # noqa: E402
 
 ALL = dict(
     dtypes=("float16", "bfloat16", "float32", "float64"), devices=("cpu",), head_dims=lambda d: 1 <= d <= 256,
@@ -30,21 +31,7 @@ ALL = dict(
 
 
 def _visibility(lq, lk, causal, window, strict=False, device="cpu"):
-    i = torch.arange(lq, device=device)[:, None]
-    j = torch.arange(lk, device=device)[None, :]
-    diag = i + (lk - lq)
-    vis = torch.ones(lq, lk, dtype=torch.bool, device=device)
-    if causal == "top_left":
-        vis &= (j < i) if strict else (j <= i)
-    elif causal == "bottom_right":
-        vis &= (j < diag) if strict else (j <= diag)
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            vis &= j >= diag - left
-        if right >= 0:
-            vis &= j <= diag + right
-    return vis
+    return visible(*row_key_indices(lq, lk, device), causal, window, strict_diag=strict)
 
 
 def eager(q, k, v, spec, *, scale=None, causal=None, strict=False, window="spec", kv_map="grouped",
@@ -230,7 +217,8 @@ def zoo():
         lambda q, k, v, s: eager(q, k, v, s, acc_dtype=torch.float16),
         CaseRecipe(len_q=768, len_k=768, head_dim=16, causal="top_left", dtype="float16", v_mean=4.0, seed=21), "grows_with_lk")
     add("noisy", "adds 1% random noise to the output (nothing to name)",
-        lambda q, k, v, s: Output(eager(q, k, v, s).out + 0.01 * torch.randn(q.shape[:-1] + (v.shape[-1],), generator=torch.Generator().manual_seed(0)).to(q.dtype)),
+        lambda q, k, v, s: Output(eager(q, k, v, s).out + 0.01 * torch.randn(
+            q.shape[:-1] + (v.shape[-1],), generator=torch.Generator().manual_seed(0)).to(q.dtype)),
         CaseRecipe(len_q=16, len_k=16, seed=22), None)
     return W
 

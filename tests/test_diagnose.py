@@ -51,13 +51,13 @@ def test_engine_default_equals_reference(r):
 
 def test_engine_online_with_rescale_equals_reference():
     c = build_case(CaseRecipe(len_q=16, len_k=48, late_from=32, late_boost=3.0, causal="top_left"))
-    from attnverify.diagnose import _UPDATES, _upd
+    from attnverify.diagnose import ONLINE_UPDATES, online_update
 
-    _UPDATES["full"] = _upd(True, True)
+    ONLINE_UPDATES["full"] = online_update(True, True)
     try:
         out, _ = alternative_forward(c.q, c.k, c.v, c.spec, Variant(online=(16, "full")))
     finally:
-        del _UPDATES["full"]
+        del ONLINE_UPDATES["full"]
     torch.testing.assert_close(out, reference_forward(c.q, c.k, c.v, c.spec).out, rtol=1e-12, atol=1e-12)
 
 

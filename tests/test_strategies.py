@@ -1,6 +1,5 @@
 """The strategies draw only what an adapter claims, validate their arguments, and shrink simply."""
 import math
-import warnings
 
 import pytest
 import torch
@@ -174,3 +173,22 @@ def test_corpus_keeps_big_tile_templates_within_the_ci_cap():
     assert all(max(r.len_q, r.len_k) <= cap for r in got.values())
     assert max(got["varlen-multi-segment"].seqlens_k) > 0 and got["varlen-multi-segment"].len_k > 128
     assert got["two-tile"].len_k == 256  # fits at the adapter's own tile size: not shrunk
+
+
+def test_last_refusal_says_why_the_adapters_refuses_turned_a_draw_down():
+    """The driver skips a property none of whose draws an adapter accepts with this reason
+    (strategies.last_refusal, the public accessor of the strategies' record)."""
+    from hypothesis.errors import Unsatisfiable
+
+    from attnverify.strategies import last_refusal
+
+    @av.adapter("refuses-all-test", register=False, dtypes=("float32",),
+                refuses=lambda case: "this kernel takes no case at all (test)")
+    def refuses_all(q, k, v, spec):
+        return q
+
+    assert last_refusal("refuses-all-test") is None
+    with pytest.raises(Unsatisfiable):
+        find(attention_cases(adapter=refuses_all, profile="ci"), lambda r: True,
+             settings=settings(max_examples=20, database=None, suppress_health_check=list(HealthCheck)))
+    assert last_refusal("refuses-all-test") == "this kernel takes no case at all (test)"

@@ -286,7 +286,9 @@ def sequential_dot(q, k, v, spec):
 @wrong("tf32-dot", softcap=True)
 def tf32_dot(q, k, v, spec):
     # fp32 inputs multiplied as TF32 (10 mantissa bits), as a GPU matmul does when TF32 is allowed
-    t = lambda x: (x.float().view(torch.int32) & ~0x1FFF).view(torch.float32)
+    def t(x):
+        return (x.float().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
     return _softcap_attention(q, k, v, spec, t(q) @ t(_expand(q, k)).transpose(-1, -2))
 
 

@@ -9,28 +9,13 @@ from typing import Optional
 
 import torch
 
+from .. import visibility
 from ..spec import Spec
 
 
 def positional_visibility(lq: int, lk: int, spec: Spec, device) -> Optional[torch.Tensor]:
     """(Lq, Lk) bool: causal and window visibility, or None when everything is visible."""
-    if spec.causal == "none" and spec.window is None:
-        return None
-    i = torch.arange(lq, device=device)[:, None]
-    j = torch.arange(lk, device=device)[None, :]
-    off = lk - lq
-    vis = torch.ones(lq, lk, dtype=torch.bool, device=device)
-    if spec.causal == "top_left":
-        vis = vis & (j <= i)
-    elif spec.causal == "bottom_right":
-        vis = vis & (j <= i + off)
-    if spec.window is not None:
-        left, right = spec.window
-        if left >= 0:
-            vis = vis & (j >= i + off - left)
-        if right >= 0:
-            vis = vis & (j <= i + off + right)
-    return vis
+    return visibility.positional_visibility(lq, lk, spec.causal, spec.window, device)
 
 
 def alibi_bias(lq: int, lk: int, slopes, b: int, hq: int, device, dtype=torch.float32) -> torch.Tensor:
@@ -44,15 +29,7 @@ def alibi_bias(lq: int, lk: int, slopes, b: int, hq: int, device, dtype=torch.fl
 
 def varlen_visibility(spec: Spec, lq: int, lk: int, device) -> torch.Tensor:
     """(Lq, Lk) bool for a packed batch: segment i of queries sees segment i of keys (causal/window inside)."""
-    cq = torch.as_tensor(spec.cu_seqlens_q).tolist()
-    ck = torch.as_tensor(spec.cu_seqlens_k).tolist()
-    vis = torch.zeros(lq, lk, dtype=torch.bool, device=device)
-    inner = spec.replace(cu_seqlens_q=None, cu_seqlens_k=None)
-    for q0, q1, k0, k1 in zip(cq, cq[1:], ck, ck[1:]):
-        if q1 > q0 and k1 > k0:
-            pv = positional_visibility(q1 - q0, k1 - k0, inner, device)
-            vis[q0:q1, k0:k1] = True if pv is None else pv
-    return vis
+    return visibility.varlen_visibility(spec.cu_seqlens_q, spec.cu_seqlens_k, lq, lk, spec.causal, spec.window, device)
 
 
 def varlen_alibi_distance(spec: Spec, lq: int, lk: int, device, dtype=torch.float32) -> torch.Tensor:

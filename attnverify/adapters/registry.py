@@ -5,7 +5,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from .base import Adapter
 
@@ -42,11 +42,6 @@ def register_adapter(a: Adapter) -> Adapter:
     return a
 
 
-def add_builtin(name: str, target: str) -> None:
-    """Let a module of this package add a built-in lazily (used by optional adapter modules)."""
-    BUILTINS[name] = target
-
-
 def import_file(path: str):
     """Import a .py file by path with its folder on sys.path (as pytest does for a conftest.py), so
     it can import the modules that sit next to it (a repo's own kernel)."""
@@ -68,7 +63,8 @@ def import_file(path: str):
     return mod
 
 
-def _load_target(target: str):
+def load_target(target: str) -> Adapter:
+    """The adapter at "module:attr" or "path/to/file.py:attr" (a usage error names what is wrong)."""
     mod_name, _, attr = target.partition(":")
     if mod_name.endswith(".py") or os.sep in mod_name or "/" in mod_name:
         path = os.path.abspath(mod_name)
@@ -110,7 +106,7 @@ def known_names() -> List[str]:
 def get(name: str) -> Adapter:
     """Resolve one name, in SPEC.md's order."""
     if name in BUILTINS:
-        a = _load_target(BUILTINS[name])
+        a = load_target(BUILTINS[name])
         _registered.setdefault(a.name, a)
         return a
     if name in _registered:
@@ -122,7 +118,7 @@ def get(name: str) -> Adapter:
             raise UnknownAdapterError(f"entry point {name!r} in group {ENTRY_POINT_GROUP} is not an adapter")
         return obj
     if ":" in name:
-        return _load_target(name)
+        return load_target(name)
     raise UnknownAdapterError(
         f"unknown adapter {name!r}. Known: {', '.join(known_names())}. "
         "Or give an import path: package.module:attr or path/to/file.py:attr"
@@ -157,11 +153,3 @@ def resolve(names, *, available_only_for_all: bool = True) -> List[Adapter]:
                 seen.add(a.name)
                 out.append(a)
     return out
-
-
-def available_builtins() -> List[Adapter]:
-    return [a for a in (get(n) for n in BUILTINS) if a.unavailable_reason() is None]
-
-
-def unavailable(a: Adapter) -> Optional[str]:
-    return a.unavailable_reason()

@@ -38,11 +38,12 @@ from hypothesis import strategies as st
 
 from ..adapters.base import Adapter
 from ..case import DTYPES, Case, CaseRecipe, build_case
-from ..check import _same, _unpack, check, magnitudes, score_bound, unclaimed
+from ..check import bitwise_equal as _same, check, magnitudes, score_bound, unclaimed, unpack_output as _unpack
 from ..compare import compare, error_stats
 from ..reference import reference_forward
 from ..spec import Output
 from ..tolerances import tolerance_for
+from ..verdicts import bitwise_difference, compare_pairs, comparison_verdict, severity
 from . import _props
 from ._props import CaseProperty, MetamorphicProperty, _call
 from .base import ExampleResult, Property, device_fault
@@ -564,7 +565,7 @@ class NoOutOfBounds(CaseProperty):
                        "values: rows outside the segment were read and multiplied by zero probabilities "
                        "(0 x NaN = NaN) instead of not being read")
                 leaks.append(f"sentinels in the {how}\n{c.message()}")
-                sev = max(sev, min(1e30, c.rel_l2 / c.tol_norm if c.tol_norm else 1e30))
+                sev = max(sev, severity([c]))
         if not leaks:
             return None
         msg = "\n".join([f"[{adapter.name}] varlen segment leak: NaN/huge entries in segment {j} (keys {ck[j]}.."
@@ -652,30 +653,11 @@ class RepeatAndInterleaveStable(MetamorphicProperty):
         mags = magnitudes(case)  # large scores make every float32 re-association visible: as check() does
         score_max = score_bound(case)
         base = self._batch_baseline(case, params)
-        comps = []
-        for n, (got, exp) in mine.items():
-            kind = n.split(":")[0]
-            b = base.get(n, (None, None))
-            tol = tolerance_for(kind, "float32" if kind == "lse" else case.dtype, score_max=score_max,
-                                scale_floor=mags.get(kind, 0.0), baseline_rel_l2=b[0], baseline_max_abs=b[1])
-            if not isinstance(exp, torch.Tensor):
-                continue
-            c = compare(n, got, exp.detach().double(), tol)
-            c.name = n
-            comps.append(c)
-        failing = [c for c in comps if not c.passed]
-        sev = 0.0
-        for c in comps:
-            r = c.rel_l2 / c.tol_norm if c.tol_norm > 0 else (1e30 if c.rel_l2 > 0 else 0.0)
-            if c.allowed_at_worst:
-                r = max(r, c.max_abs / c.allowed_at_worst)
-            sev = max(sev, r if math.isfinite(r) else 1e30)
-        msg = ""
-        if failing:
-            msg = "\n".join([f"[{adapter.name}] {self.name} FAILED: {case.describe()}", self.doc]
-                            + [c.message() for c in failing] + [f"parameters: {params}"])
-        res = ExampleResult(not failing, msg, severity=sev, records=[{"adapter": adapter.name,
-                            "status": "failed" if failing else "passed", "comparisons": [c.to_dict() for c in comps]}],
+        comps = compare_pairs(mine, case.dtype, score_max=score_max, scale_floors=mags, baseline=base, missing="skip")
+        passed, sev, msg = comparison_verdict(comps, f"[{adapter.name}] {self.name} FAILED: {case.describe()}",
+                                              self.doc, params)
+        res = ExampleResult(passed, msg, severity=sev, records=[{"adapter": adapter.name,
+                            "status": "passed" if passed else "failed", "comparisons": [c.to_dict() for c in comps]}],
                             case=case.to_dict())
         probs = bitwise if adapter.claims.deterministic else []
         return _with_problems(res, probs, f"[{adapter.name}] claims deterministic=True, but repeated calls on the "
@@ -704,11 +686,9 @@ class RepeatAndInterleaveStable(MetamorphicProperty):
     @staticmethod
     def _bitwise(out: List[str], label, a: dict, b: dict):
         for n in a:
-            x, y = a.get(n), b.get(n)
-            if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and not _same(x, y):
-                d = (x.double() - y.double()).abs()
-                out.append(f"{n}: {label} differs from the 1st call in {int((d != 0).sum())} element(s), "
-                           f"max {float(torch.nan_to_num(d, nan=math.inf).max()):.3g}")
+            d = bitwise_difference(a.get(n), b.get(n))
+            if d:
+                out.append(f"{n}: {label} differs from the 1st call {d}")
 
     def pairs(self, adapter, case, params, bitwise: Optional[List[str]] = None):
         bitwise = [] if bitwise is None else bitwise
@@ -1102,7 +1082,7 @@ class MemoryScaling(Property):
         return self._configs(adapter, device)[:1]
 
     def run_example(self, adapter, drawn) -> ExampleResult:
-        from ..bench import peak_extra_bytes
+        from ..measure import peak_extra_bytes
 
         t0 = time.perf_counter()
         cfg = dict(drawn)

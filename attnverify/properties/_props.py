@@ -16,13 +16,14 @@ import torch
 from hypothesis import strategies as st
 
 from ..case import Case, CaseRecipe, build_case
-from ..check import UsageError, _same, _unpack, check, unclaimed
-from ..compare import Comparison, compare, error_stats
+from ..check import bitwise_equal as _same, check, unclaimed, unpack_output as _unpack
+from ..compare import compare, error_stats
 from ..reference import reference_forward
 from ..spec import Spec
 from ..strategies import attention_cases, corpus, fully_masked_row_count
 from ..tolerances import tolerance_for, unit_roundoff
 from ..check import magnitudes, score_bound
+from ..verdicts import bitwise_difference, compare_pairs, comparison_verdict, severity
 from .base import ExampleResult, Property
 
 
@@ -253,15 +254,12 @@ class NonfiniteInputsPropagate(CaseProperty):
                             f"(e.g. (b, h, i) = {idx}: the NaN/Inf was swallowed)")
         passed = c.passed and not problems
         msg = "" if passed else "\n".join(problems + [c.message(), f"poison: {list(case.recipe.poison)}"])
-        sev = (c.rel_l2 / c.tol_norm if c.tol_norm else 0.0) + (1e3 if problems else 0.0)
+        sev = severity([c]) + (1e3 if problems else 0.0)
         return ExampleResult(passed, msg, severity=min(sev, 1e30), records=[c.to_dict()], case=case.to_dict())
 
 
 # ---------------------------------------------------------------------------------------------------
 # metamorphic: the adapter against itself; the bound widened by what `naive` does under the same change
-
-_TOL_KIND = {"out": "out", "lse": "lse", "dq": "dq", "dk": "dk", "dv": "dv"}
-
 
 def _call(adapter, q, k, v, spec, *, backward=False, gen_seed=0):
     """Run an adapter; return {"out", "lse"?, "dq", "dk", "dv"?} as detached tensors."""
@@ -303,35 +301,12 @@ class MetamorphicProperty(CaseProperty):
                 base = {n: error_stats(g, e) for n, (g, e) in self.pairs(naive, case, params).items()}
             except Exception:
                 base = {}
-        comps: List[Comparison] = []
-        mags = magnitudes(case)
-        score_max = self.score_max(case, params, score_bound(case))
-        for n, (got, exp) in mine.items():
-            kind = _TOL_KIND.get(n.split(":")[0], "out")
-            dt = "float32" if kind == "lse" else case.dtype
-            b = base.get(n)
-            # both sides carry their own rounding: the same score-size and scale floors as `check`
-            tol = tolerance_for(kind, dt, baseline_rel_l2=b[0] if b else None, baseline_max_abs=b[1] if b else None,
-                                score_max=score_max, scale_floor=mags.get(kind, 0.0))
-            if exp is None or not isinstance(exp, torch.Tensor):
-                c = compare(n, None, torch.zeros(1, dtype=torch.float64), tol)
-                c.problems = [f"{n}: the adapter returned nothing to compare"]
-            else:
-                c = compare(n, got, exp.detach().double(), tol)
-            c.name = n
-            comps.append(c)
-        failing = [c for c in comps if not c.passed]
-        sev = 0.0
-        for c in comps:
-            r = c.rel_l2 / c.tol_norm if c.tol_norm > 0 else (1e30 if c.rel_l2 > 0 else 0.0)
-            if c.allowed_at_worst:
-                r = max(r, c.max_abs / c.allowed_at_worst)
-            sev = max(sev, r if math.isfinite(r) else 1e30)
-        msg = ""
-        if failing:
-            msg = "\n".join([f"[{adapter.name}] {self.name} FAILED: {case.describe()}", self.doc]
-                            + [c.message() for c in failing] + ([f"parameters: {params}"] if params else []))
-        return ExampleResult(not failing, msg, severity=sev, records=[c.to_dict() for c in comps], case=case.to_dict())
+        # both sides carry their own rounding: the same score-size and scale floors as `check`
+        comps = compare_pairs(mine, case.dtype, score_max=self.score_max(case, params, score_bound(case)),
+                              scale_floors=magnitudes(case), baseline=base)
+        passed, sev, msg = comparison_verdict(comps, f"[{adapter.name}] {self.name} FAILED: {case.describe()}",
+                                              self.doc, params)
+        return ExampleResult(passed, msg, severity=sev, records=[c.to_dict() for c in comps], case=case.to_dict())
 
 
 def _slice_spec_tensor(t, dims_idx: Dict[int, slice]):
@@ -530,11 +505,9 @@ class Determinism(CaseProperty):
         bad = []
         for n in runs[0]:
             for i, r in enumerate(runs[1:], 2):
-                x, y = runs[0][n], r[n]
-                if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and not _same(x, y):
-                    diff = (x.double() - y.double()).abs()
-                    bad.append(f"{n}: call {i} differs from call 1 in {int((diff != 0).sum())} element(s), "
-                               f"max difference {float(torch.nan_to_num(diff, nan=math.inf).max()):.3g}")
+                diff = bitwise_difference(runs[0][n], r[n])
+                if diff:
+                    bad.append(f"{n}: call {i} differs from call 1 {diff}")
                     break
         msg = "" if not bad else "\n".join([f"[{adapter.name}] claims deterministic=True, but: {case.describe()}"] + bad)
         return ExampleResult(not bad, msg, severity=10.0 if bad else 0.0, case=case.to_dict())

@@ -147,9 +147,9 @@ def run_property(
         if state["n"] == 0:
             # every case the property draws lies outside what the adapter accepts (e.g. sdpa-cudnn and
             # causal_alignment, which needs causal with Lq != Lk): nothing to judge, so a skip that says why
-            from ..strategies._cases import LAST_REFUSAL
+            from ..strategies import last_refusal
 
-            why = LAST_REFUSAL.get(adapter.name) or str(e).splitlines()[0]
+            why = last_refusal(adapter.name) or str(e).splitlines()[0]
             raise PropertySkipped(f"{adapter.name} accepts none of the cases {prop.name} draws: {why}") from None
         # the @example corpus was judged and passed; generation found nothing else the adapter accepts
         run.statuses["generation_refused"] = 1

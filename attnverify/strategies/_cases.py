@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from ..case import MASK_KINDS, CaseRecipe, build_case, build_probe
+from ..case import CaseRecipe, build_case, build_probe
 from ._args import InvalidArgument, check_choice, check_int, check_order, check_tristate, resolve
 from ._profiles import profile_limits
 from ._shapes import head_dim_candidates, interesting_lengths, seqlens
@@ -26,8 +26,13 @@ _FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
 # adapter name -> the reason of the last draw its claims or `refuses` turned down, so that a property
-# none of whose draws an adapter accepts can say why it was skipped (properties.driver)
-LAST_REFUSAL: dict = {}
+# none of whose draws an adapter accepts can say why it was skipped (properties.driver, via last_refusal)
+_LAST_REFUSAL: Dict[str, str] = {}
+
+
+def last_refusal(adapter_name: str) -> Optional[str]:
+    """Why the adapter's claims or `refuses` turned down the last case drawn for it (None: none was)."""
+    return _LAST_REFUSAL.get(adapter_name)
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ def _fm_sources(claims, causal_t, tri) -> Tuple[str, ...]:
 
 @st.composite
 def _case(draw, cfg: _Cfg, head_dims: Tuple[int, ...]):
-    a, claims, lim = cfg.adapter, cfg.adapter.claims, cfg.limits
+    claims, lim = cfg.adapter.claims, cfg.limits
     min_len = resolve(draw, cfg.min_len)
     max_len = resolve(draw, cfg.max_len)
     check_order("min_seqlen", min_len, "max_seqlen", max_len)
@@ -416,5 +421,5 @@ def _final_filter(r: CaseRecipe, cfg: _Cfg, fm_ok: bool, fm_force: bool) -> None
 
         why = unclaimed(cfg.adapter, build_probe(r))  # a CPU probe: never start CUDA here
         if why is not None:
-            LAST_REFUSAL[cfg.adapter.name] = why
+            _LAST_REFUSAL[cfg.adapter.name] = why
         assume(why is None)

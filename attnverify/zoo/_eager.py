@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from ..spec import Output, Spec
+from ..visibility import row_key_indices, visible
 
 FORWARD_BUGS = (
     "gqa_interleaved", "batch_kv_from_batch0", "scale_missing", "scale_twice", "scale_ignored",
@@ -40,20 +41,10 @@ def _positional(lq: int, lk: int, spec: Spec, device, bug: Optional[str]) -> Opt
         causal = "top_left"  # the kernel knows only SDPA's alignment
     if causal == "none" and spec.window is None and not (bug == "decode_drops_last_key" and lq == 1):
         return None
-    i = torch.arange(lq, device=device)[:, None]
-    j = torch.arange(lk, device=device)[None, :]
-    off = lk - lq
-    vis = torch.ones(lq, lk, dtype=torch.bool, device=device)
-    if causal == "top_left":
-        vis &= j <= i
-    elif causal == "bottom_right":
-        vis &= j <= i + off
-    if spec.window is not None:
-        left, right = spec.window
-        if left >= 0:
-            vis &= (j > i + off - left) if bug == "window_off_by_one" else (j >= i + off - left)
-        if right >= 0:
-            vis &= j <= i + off + right
+    i, j, diag = row_key_indices(lq, lk, device)
+    vis = visible(i, j, diag, causal, spec.window)
+    if bug == "window_off_by_one" and spec.window is not None and spec.window[0] >= 0:
+        vis &= j != diag - spec.window[0]  # j > diag - left: the left bound one too narrow
     if bug == "decode_drops_last_key" and lq == 1 and lk > 1:
         vis &= j < lk - 1  # the decode path uses cache_seqlens - 1 keys: the newest key is never read
     return vis

@@ -30,9 +30,11 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
+
+from ..visibility import positional_visibility
 
 SEQLENS = ((113, 203), (128, 217), (113, 211), (108, 256), (256, 512), (1023, 1024), (1, 239), (239, 1))
 HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
@@ -138,23 +140,7 @@ def make_inputs(cfg: GridConfig, adapter, seed: int = 0):
 
 
 def _visibility(lq, lk, spec) -> Optional[torch.Tensor]:
-    if spec.causal == "none" and spec.window is None:
-        return None
-    i = torch.arange(lq)[:, None]
-    j = torch.arange(lk)[None, :]
-    off = lk - lq
-    vis = torch.ones(lq, lk, dtype=torch.bool)
-    if spec.causal == "top_left":
-        vis &= j <= i
-    elif spec.causal == "bottom_right":
-        vis &= j <= i + off
-    if spec.window is not None:
-        left, right = spec.window
-        if left >= 0:
-            vis &= j >= i + off - left
-        if right >= 0:
-            vis &= j <= i + off + right
-    return vis
+    return positional_visibility(lq, lk, spec.causal, spec.window)
 
 
 def attention_ref(q, k, v, spec, *, upcast: bool):
@@ -201,14 +187,14 @@ def _run_with_grads(fn, q, k, v, d_out, backward: bool):
 
 def check_config(adapter, cfg: GridConfig, seed: int = 0) -> Tuple[bool, str]:
     """One grid test: (passed, what failed)."""
-    from ..check import _unpack
+    from ..check import unpack_output
 
     q, k, v, spec, g = make_inputs(cfg, adapter, seed)
     bwd = adapter.claims.backward
     d_out = torch.randn(BATCH, HEADS, cfg.seqlen_q, v.shape[-1], dtype=torch.float64, generator=g)
     ref, ref_g = _run_with_grads(lambda a, b, c: attention_ref(a, b, c, spec, upcast=True), q, k, v, d_out, bwd)
     pt, pt_g = _run_with_grads(lambda a, b, c: attention_ref(a, b, c, spec, upcast=False), q, k, v, d_out, bwd)
-    out, got_g = _run_with_grads(lambda a, b, c: _unpack(adapter(a, b, c, spec))[0], q, k, v, d_out, bwd)
+    out, got_g = _run_with_grads(lambda a, b, c: unpack_output(adapter(a, b, c, spec))[0], q, k, v, d_out, bwd)
     problems = []
     e, b = _max_err(out, ref), _max_err(pt, ref)
     if not e <= OUT_FACTOR * b:  # NaN fails, as in the test file

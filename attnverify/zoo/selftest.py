@@ -253,7 +253,7 @@ def _row_text(r: MemberResult) -> str:
 def _interpreter_on() -> None:
     """Without a GPU the Triton members run under the interpreter, which must be switched on before
     triton is first imported (triton reads TRITON_INTERPRET at import as well as at @jit)."""
-    import torch
+    import torch  # noqa: F401 - torch first, so that a triton it pulls in is seen by the check below
 
     if not cuda_present() and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,0 +1,143 @@
+"""`diagnose`: recompute the case under every alternative, rank those that explain the adapter's output
+(fitting first, whole-tensor semantics before the per-slice K/V search), and fall back to error signatures."""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from ..reference import reference_forward
+from ..tolerances import tolerance_for
+from .alternatives import alternatives_for, tile_candidates
+from .engine import F64, Variant, alternative_forward
+from .fit import as_f64, fit_score, residual
+from .records import NO_EXPLANATION, Diagnosis, Explanation
+from .signatures import observed_signatures
+
+MAX_ELEMENTS = 2**23  # B*Hq*Lq*Lk of the float64 score tensor a diagnosis may build
+
+
+def diagnose(
+    case,
+    observed: Dict[str, torch.Tensor],
+    *,
+    failing: Optional[Sequence[str]] = None,
+    declared_fully_masked: str = "zeros",
+    tiles=None,
+    tol_norm: Optional[Dict[str, float]] = None,
+    dropout_mask=None,
+    reference_grads: Optional[Dict[str, torch.Tensor]] = None,
+) -> Diagnosis:
+    """Name the alternative semantics that explain `observed` ({"out", "lse", "dq", "dk", "dv"} tensors).
+
+    `failing`: the outputs that failed the check (default: every forward output given). `tiles`: the
+    adapter's claimed (BLOCK_M, BLOCK_N) if any (other widths are tried too). `tol_norm`: the norm-wise
+    tolerance per output used by the check (default: the dtype's floor).
+    """
+    spec = case.spec
+    b, hq, lq, d = case.q.shape
+    lk = case.k.shape[2]
+    notes: List[str] = []
+    obs = {n: as_f64(t) for n, t in observed.items() if as_f64(t) is not None}
+    failing = list(failing) if failing is not None else [n for n in ("out", "lse") if n in obs]
+    fwd = [n for n in failing if n in ("out", "lse") and n in obs]
+    if b * hq * lq * max(lk, 1) > MAX_ELEMENTS:
+        return Diagnosis(NO_EXPLANATION, notes=[f"case too large to diagnose ({b}x{hq}x{lq}x{lk} scores > {MAX_ELEMENTS}); shrink it first"])
+    keep = dropout_mask
+    if spec.dropout_p > 0 and keep is None:
+        notes.append("dropout without the adapter's keep-mask: alternatives cannot be recomputed exactly")
+        return Diagnosis(NO_EXPLANATION, notes=notes)
+    ref = reference_forward(case.q, case.k, case.v, spec, dropout_mask=keep)
+    refd = {"out": ref.out, "lse": ref.lse}
+    if declared_fully_masked == "nan":
+        fmr = torch.isneginf(ref.lse)
+        refd = {"out": torch.where(fmr.unsqueeze(-1), torch.full_like(ref.out, math.nan), ref.out),
+                "lse": torch.where(fmr, torch.full_like(ref.lse, math.nan), ref.lse)}
+    has_fm = bool(torch.isneginf(ref.lse).any())
+    dtype = case.dtype
+    tol = {}
+    for n in ("out", "lse"):
+        t = (tol_norm or {}).get(n)
+        tol[n] = float(t) if t else tolerance_for(n, dtype).norm
+    explanations: List[Explanation] = []
+    if fwd:
+        ref_res, ref_nf = fit_score(obs, refd, fwd)
+        tiles_c = tile_candidates(tiles)
+        for key, title, var in alternatives_for(case, spec, tiles_c, declared_fully_masked, keep is not None, has_fm):
+            try:
+                ao, al = alternative_forward(case.q, case.k, case.v, spec, var, keep=keep)
+            except Exception as e:  # an alternative that cannot be formed here is simply not a candidate
+                notes.append(f"{key}: not evaluated ({type(e).__name__}: {e})")
+                continue
+            alt = {"out": ao, "lse": al.to(F64)}
+            same_as_ref, same_nf = fit_score(alt, refd, fwd)
+            if same_as_ref == 0.0 and same_nf == 0:
+                continue  # identical to the SPEC for this case: it cannot explain anything
+            res, nf = fit_score(obs, alt, fwd)
+            thr = max(3.0 * max(tol[n] for n in fwd), 1e-9)
+            fits = nf == 0 and res <= thr and (res <= 0.25 * ref_res or (ref_nf > 0 and nf == 0))
+            explanations.append(Explanation(key, title, res, ref_res, fits))
+        cross = _cross_slice(case, spec, obs, refd, fwd, tol, keep, declared_fully_masked)
+        if cross is not None:
+            explanations.append(cross)
+        # fitting first; among the fitting, whole-tensor semantics before the per-slice K/V search
+        explanations.sort(key=lambda e: (not e.fits, e.key == "kv_cross", e.residual))
+        fitting = [e for e in explanations if e.fits]
+        if len(fitting) > 1:  # ties (e.g. scale 1 == doubled 0.5): prefer the listed order among equals
+            best = fitting[0].residual
+            equal = [e for e in fitting if e.residual <= 2 * best + 1e-12]
+            for e in equal[1:]:
+                notes.append(f"equally consistent: {e.title}")
+    else:
+        notes.append("the forward outputs match the reference: the error is in the backward pass only")
+    sigs = observed_signatures(case, spec, obs, refd, ref, failing, tiles, reference_grads)
+    best = next((e for e in explanations if e.fits), None)
+    if best is not None:
+        summary = best.title
+    elif sigs:
+        summary = sigs[0].title
+    else:
+        summary = NO_EXPLANATION
+    return Diagnosis(summary, explanations, sigs, notes)
+
+
+def _cross_slice(case, spec, obs, refd, fwd, tol, keep, declared_fm) -> Optional[Explanation]:
+    """Some (batch, head) slices wrong, each explained by reading another slice's K/V."""
+    if "out" not in fwd:
+        return None
+    o, r = obs["out"], refd["out"]
+    b, hq = o.shape[0], o.shape[1]
+    hkv = case.k.shape[1]
+    if b * hkv < 2 or b * hkv > 32:
+        return None
+    g = hq // hkv
+    thr = 3.0 * tol["out"]
+    bad = []
+    for bi in range(b):
+        for hi in range(hq):
+            res, nf = residual(o[bi, hi], r[bi, hi])
+            if res > thr or nf:
+                bad.append((bi, hi, res))
+    if not bad:
+        return None
+    base_fm = declared_fm if declared_fm in ("zeros", "nan") else "zeros"
+    srcs = {}
+    for sb in range(b):
+        for sh in range(hkv):
+            srcs[(sb, sh)] = alternative_forward(case.q, case.k, case.v, spec, Variant(kv_source=(sb, sh), fully_masked=base_fm), keep=keep)[0]
+    found = []
+    worst = 0.0
+    for bi, hi, res in bad:
+        own = (bi, hi // g)
+        best = min(((residual(o[bi, hi], out[bi, hi])[0], s) for s, out in srcs.items() if s != own), default=None)
+        if best is None or best[0] > thr or best[0] > 0.25 * res:
+            return Explanation("kv_cross", "a batch or head reads another's K/V", math.inf, max(x[2] for x in bad), False)
+        found.append((bi, hi, best[1]))
+        worst = max(worst, best[0])
+    desc = "; ".join(f"batch {bi} head {hi} reads K/V of batch {s[0]} kv-head {s[1]}" for bi, hi, s in found[:4])
+    if len(found) > 4:
+        desc += f"; and {len(found) - 4} more"
+    ref_res = max(x[2] for x in bad)
+    return Explanation("kv_cross", f"one batch or head reads another's K/V: {desc}", worst, ref_res, True,
+                       detail=f"{len(found)} of {b * hq} (batch, head) slices wrong, each matches another slice's K/V")
