@@ -370,7 +370,7 @@ def build_case(r: CaseRecipe, *, label: str = "") -> Case:
         alibi_slopes=None if slopes is None else slopes.to(dev), attn_mask=mask,
         dropout_p=r.dropout_p, seed=r.seed if r.dropout_p else None,
         cu_seqlens_q=None if cu_q is None else cu_q.to(dev), cu_seqlens_k=None if cu_k is None else cu_k.to(dev),
-        max_seqlen_q=max_q, max_seqlen_k=max_k, return_lse=r.return_lse,
+        max_seqlen_q=max_q, max_seqlen_k=max_k, return_lse=r.return_lse, num_splits=r.num_splits,
     )
     return Case(q, k, v, spec, seed=int(r.seed), recipe=r, label=label)
 

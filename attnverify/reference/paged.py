@@ -31,7 +31,7 @@ def _locate(spec, b: int, t: int, n: int, s: int) -> Tuple[int, int]:
     return idx, t
 
 
-def _slots(spec, b: int, count: int, n: int, s: int, start: int = 0):
+def slots(spec, b: int, count: int, n: int, s: int, start: int = 0):
     return [_locate(spec, b, t, n, s) for t in range(start, start + count)]
 
 
@@ -44,7 +44,7 @@ def cache_after(k: torch.Tensor, v: torch.Tensor, spec) -> Tuple[torch.Tensor, t
     n, s = k.shape[0], k.shape[1]
     lnew = int(spec.k_new.shape[2])
     for b, c in enumerate(_ints(spec.cache_seqlens)):
-        for i, (page, off) in enumerate(_slots(spec, b, lnew, n, s, start=c)):
+        for i, (page, off) in enumerate(slots(spec, b, lnew, n, s, start=c)):
             k2[page, off] = spec.k_new[b, :, i, :].to(k2.dtype)
             v2[page, off] = spec.v_new[b, :, i, :].to(v2.dtype)
     return k2, v2
@@ -56,7 +56,7 @@ def cache_keys(k: torch.Tensor, v: torch.Tensor, spec) -> List[Tuple[torch.Tenso
     n, s = k.shape[0], k.shape[1]
     out = []
     for b, c in enumerate(_ints(spec.cache_seqlens)):
-        where = _slots(spec, b, c, n, s)
+        where = slots(spec, b, c, n, s)
         if where:
             pages = torch.tensor([p for p, _ in where], device=k.device)
             offs = torch.tensor([o for _, o in where], device=k.device)
