@@ -62,7 +62,7 @@ def judge_pairs(prop, adapter, case: Case, params: dict, pairs_of: Callable[[obj
     """Compare every (got, expected) pair of `pairs_of(adapter, case)`; bitwise=True demands identity."""
     from ..adapters.naive import naive
 
-    problems = list(problems or [])
+    problems = problems if problems is not None else []  # the same list: pairs_of may add to it
     mine = pairs_of(adapter, fresh(case))
     base = {}
     if not bitwise and case.dtype in naive.claims.dtypes and unclaimed(naive, case) is None:
