@@ -134,6 +134,9 @@ def validate_recipe(r) -> None:
         raise bad("layout", "cache cases are built contiguous")
     if r.page_size < 1 or r.num_pages < 1:
         raise bad("page_size", "page_size (slots per page or per cache row) and num_pages must be >= 1")
+    if r.paged and (not r.block_table or len(r.block_table) != r.batch
+                    or len({len(row) for row in r.block_table}) != 1):
+        raise bad("block_table", "one row per batch, all of the same length (B, max_blocks)")
     for b, c in enumerate(lens):
         for t in range(c + r.new_len):
             _slot(r, b, t)  # raises for a slot outside the cache
