@@ -251,8 +251,7 @@ def _reference_adapter(q, k, v, spec):
     if spec.k_new is not None:
         k2, v2 = cache_after(k, v, spec)
         k.copy_(k2)
-        v.copy_(v2)
-        spec = spec  # the reference reads the prefix and k_new; the written slots are the same values
+        v.copy_(v2)  # the reference still reads the prefix and k_new: the written slots hold the same values
     r = reference_forward(q, k, v, spec)
     return av.Output(r.out.to(q.dtype), lse=r.lse if spec.return_lse else None)
 

@@ -68,8 +68,8 @@ class Claims:
         return bool(getattr(self, name))
 
     def summary(self) -> str:
-        feats = [f for f in ("window", "softcap", "alibi", "attn_mask", "gqa", "varlen", "dropout", "backward", "lse", "deterministic",
-                                 "kv_cache", "paged", "append") if getattr(self, f)]
+        feats = [f for f in ("window", "softcap", "alibi", "attn_mask", "gqa", "varlen", "dropout", "backward", "lse",
+                             "deterministic", "kv_cache", "paged", "append") if getattr(self, f)]
         hd = "predicate" if callable(self.head_dims) else ",".join(map(str, self.head_dims))
         causal = "/".join(c for c in self.causal)
         return (

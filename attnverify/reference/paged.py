@@ -16,23 +16,24 @@ def _ints(t) -> List[int]:
     return [int(x) for x in torch.as_tensor(t).reshape(-1).tolist()]
 
 
-def _locate(spec, b: int, t: int, n: int, s: int) -> Tuple[int, int]:
+def slots(spec, b: int, count: int, n: int, s: int, start: int = 0) -> List[Tuple[int, int]]:
+    """(page or cache row, offset) of batch b's slots start .. start + count - 1."""
     if spec.block_table is not None:
         row = _ints(torch.as_tensor(spec.block_table)[b])
-        if t // s >= len(row):
-            raise ValueError(f"reference: batch {b} needs block table entry {t // s}, the table has {len(row)}")
-        page = row[t // s]
-        if not 0 <= page < n:
-            raise ValueError(f"reference: block_table[{b}, {t // s}] = {page} is not a page of the {n} in the cache")
-        return page, t % s
+        out = []
+        for t in range(start, start + count):
+            if t // s >= len(row):
+                raise ValueError(f"reference: batch {b} needs block table entry {t // s}, the table has {len(row)}")
+            page = row[t // s]
+            if not 0 <= page < n:
+                raise ValueError(f"reference: block_table[{b}, {t // s}] = {page} is not a page of the {n} in the cache")
+            out.append((page, t % s))
+        return out
     idx = _ints(spec.cache_batch_idx)[b] if spec.cache_batch_idx is not None else b
-    if t >= s or not 0 <= idx < n:
-        raise ValueError(f"reference: batch {b} slot {t} of cache row {idx} lies outside the cache ({n} x {s})")
-    return idx, t
-
-
-def slots(spec, b: int, count: int, n: int, s: int, start: int = 0):
-    return [_locate(spec, b, t, n, s) for t in range(start, start + count)]
+    if start + count > s or not 0 <= idx < n:
+        raise ValueError(f"reference: batch {b} slots up to {start + count - 1} of cache row {idx} lie outside "
+                         f"the cache ({n} x {s})")
+    return [(idx, t) for t in range(start, start + count)]
 
 
 def cache_after(k: torch.Tensor, v: torch.Tensor, spec) -> Tuple[torch.Tensor, torch.Tensor]:
