@@ -323,3 +323,39 @@ def mine(q, k, v, spec):
                               "*test_batch_invariance?mine-paged? PASSED*",
                               "*mine-paged does not claim append*", "*mine-paged does not claim num_splits*"])
     assert os.path.isdir(pytester.path / "reports")
+
+
+# ------------------------------------------------------------------------------ the cookbook's paged decode recipe
+
+
+def _recipe_here(monkeypatch):
+    import dataclasses
+    import importlib
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parents[1] / "docs" / "cookbook"))
+    a = importlib.import_module("paged_decode").paged_decode
+    if "cuda" in a.claims.devices and torch.cuda.is_available():
+        return a
+    # on a CPU: the stand-in, with the claims widened to the CPU and float32 (page sizes stay as written)
+    return av.Adapter(a.name + "-on-cpu", a.fn, dataclasses.replace(a.claims, devices=("cpu",),
+                                                                     dtypes=("float32",) + a.claims.dtypes))
+
+
+def test_paged_decode_recipe_holds_the_serving_properties(monkeypatch):
+    a = _recipe_here(monkeypatch)
+    for prop in NEW:
+        _run(prop, a, max_examples=4)
+    case = build_case(_paged(page_size=256, num_pages=5, block_table=[[3], [1]], dtype="float32"))
+    res = a(case.q, case.k, case.v, case.spec)  # the append lands in the caches it was given
+    assert torch.isfinite(res.out).all() and torch.equal(case.k[3, 10:13], case.spec.k_new[0].transpose(0, 1))
+
+
+def test_paged_decode_recipe_copying_its_caches_fails(monkeypatch):
+    good = _recipe_here(monkeypatch)
+
+    def copies(q, k, v, spec):  # "contiguous()" on the caches: the append lands in a copy
+        return good.fn(q, k.clone(), v.clone(), spec)
+
+    with pytest.raises(AssertionError, match="appended slot"):
+        _run("kv_cache_append", av.Adapter("paged-decode-copies", copies, good.claims))
