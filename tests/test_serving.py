@@ -237,6 +237,19 @@ def test_unclaimed_serving_properties_skip_naming_the_claim():
     assert "single num_splits value" in get_property("split_invariance").skip_reason(one)
 
 
+def test_page_size_claims_steer_the_draws():
+    from attnverify.strategies._paged import page_size_choices
+
+    big = av.adapter("mine-512", register=False, paged=True, page_sizes=(512,))(lambda q, k, v, s: q)
+    assert page_size_choices(big.claims) == [512]
+    assert get_property("paged_equals_contiguous").skip_reason(big) is None
+    huge = av.adapter("mine-4096", register=False, paged=True, page_sizes=(4096,))(lambda q, k, v, s: q)
+    for prop in ("paged_equals_contiguous", "batch_invariance"):
+        assert "claims no page size" in get_property(prop).skip_reason(huge)
+    odd = av.adapter("mine-odd", register=False, paged=True, page_sizes=lambda p: p % 2 == 1)(lambda q, k, v, s: q)
+    assert page_size_choices(odd.claims) == [1, 3, 5, 7, 13]
+
+
 # ------------------------------------------------------------------------------ correct adapters hold (ci profile)
 
 REFERENCE64 = av.adapter(

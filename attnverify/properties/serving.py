@@ -17,7 +17,7 @@ from ..check import _same, _unpack, magnitudes, score_bound, unclaimed
 from ..compare import compare, error_stats
 from ..reference import reference_forward
 from ..reference.paged import cache_after, cache_keys, plain_spec
-from ..strategies._paged import cache_cases, cache_corpus
+from ..strategies._paged import cache_cases, cache_corpus, page_size_choices
 from ..tolerances import tolerance_for
 from ._props import CaseProperty
 from .base import ExampleResult
@@ -107,6 +107,13 @@ class CacheProperty(CaseProperty):
     """A property over cache recipes; subclasses set `cache_kwargs` (see strategies._paged.cache_cases)."""
 
     cache_kwargs: dict = {}
+
+    def skip_reason(self, adapter):
+        why = super().skip_reason(adapter)
+        c = adapter.claims
+        if why is None and c.paged and not c.kv_cache and not page_size_choices(c):
+            return f"{adapter.name} claims no page size attnverify draws (1 to 1024)"
+        return why
 
     def cache_kw(self, adapter) -> dict:
         return dict(self.cache_kwargs)

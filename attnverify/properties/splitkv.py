@@ -140,7 +140,7 @@ class BatchInvariance(CacheProperty):
         c = adapter.claims
         if not (c.paged or c.kv_cache):
             return f"{adapter.name} does not claim paged or kv_cache (no batch of requests of different lengths)"
-        return None
+        return super().skip_reason(adapter)
 
     def cache_kw(self, adapter):
         return dict(paged=_serving_kind(adapter), append=False, min_batch=2, distinct_lengths=True,

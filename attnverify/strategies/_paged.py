@@ -28,7 +28,11 @@ GARBAGE = ("nan", "huge", "mixed", "none")
 
 
 def page_size_choices(claims) -> List[int]:
-    return [p for p in PAGE_SIZES if claims.page_size_ok(p)]
+    """The drawn page sizes the adapter claims, and any exact claim up to 1024 beyond them."""
+    out = [p for p in PAGE_SIZES if claims.page_size_ok(p)]
+    if not callable(claims.page_sizes):
+        out += sorted(p for p in claims.page_sizes if p not in out and p <= 1024)
+    return out
 
 
 def cache_cases(*, adapter, profile: str = "dev", device: str = "auto", paged: Optional[bool] = None,
