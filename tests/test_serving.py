@@ -271,6 +271,15 @@ def _reference_adapter(q, k, v, spec):
 
 @pytest.mark.parametrize("prop", NEW)
 @pytest.mark.parametrize("who", ["naive", "reference64"])
+def test_correct_adapters_hold_quick(who, prop):
+    a = get("naive") if who == "naive" else REFERENCE64
+    run = _run(prop, a, max_examples=8)
+    assert run.examples >= 5 and run.statuses.get("passed", 0) >= 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prop", NEW)
+@pytest.mark.parametrize("who", ["naive", "reference64"])
 def test_correct_adapters_hold_the_ci_profile(who, prop):
     a = get("naive") if who == "naive" else REFERENCE64
     run = _run(prop, a)
