@@ -79,6 +79,18 @@ class CaseRecipe:
     masked_garbage: float = 0.0
     layout: str = "contiguous"  # contiguous | transposed | sliced | expanded_kv | offset
     tags: Tuple[str, ...] = ()
+    # a KV-cache call (attnverify/paged.py) when cache_lens is set: keys cached per batch before the call,
+    # caches of num_pages pages (or rows) of page_size slots, the block table of a paged cache, new_len keys
+    # appended, garbage (nan | huge | mixed | none) in every slot no sequence uses, split-KV partitions
+    cache_lens: Optional[List[int]] = None
+    paged: bool = False
+    page_size: int = 0
+    num_pages: int = 0
+    block_table: Optional[List[List[int]]] = None
+    cache_batch_idx: Optional[List[int]] = None
+    new_len: int = 0
+    garbage: str = "none"
+    num_splits: Optional[int] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -127,6 +139,10 @@ class Case:
         return {"q": tuple(self.q.shape), "k": tuple(self.k.shape), "v": tuple(self.v.shape)}
 
     def describe(self) -> str:
+        if self.spec.cache_seqlens is not None:
+            from .paged import describe
+
+            return describe(self)
         b, hq, lq, d = self.q.shape
         hkv, lk, dv = self.k.shape[1], self.k.shape[2], self.v.shape[3]
         s = self.spec
@@ -254,6 +270,10 @@ def _validate(r: CaseRecipe) -> None:
             raise bad("seqlens_k", "as many key segments as query segments")
         if sum(r.seqlens_q) != r.len_q or sum(r.seqlens_k) != r.len_k:
             raise bad("seqlens_q", f"segments must sum to len_q={r.len_q} and len_k={r.len_k}")
+    if r.cache_lens is not None:
+        from .paged import validate_recipe
+
+        validate_recipe(r)
 
 
 def _mask_for(r: CaseRecipe, gen: torch.Generator):
@@ -303,6 +323,10 @@ def _mask_for(r: CaseRecipe, gen: torch.Generator):
 def build_case(r: CaseRecipe, *, label: str = "") -> Case:
     """Rebuild the tensors and Spec of a recipe, deterministically (CPU generator, then moved)."""
     _validate(r)
+    if r.cache_lens is not None:
+        from .paged import build_cache_case
+
+        return build_cache_case(r, label)
     gen = torch.Generator().manual_seed(int(r.seed))
     dt = DTYPES[r.dtype]
     dv = r.head_dim_v or r.head_dim
@@ -346,7 +370,7 @@ def build_case(r: CaseRecipe, *, label: str = "") -> Case:
         alibi_slopes=None if slopes is None else slopes.to(dev), attn_mask=mask,
         dropout_p=r.dropout_p, seed=r.seed if r.dropout_p else None,
         cu_seqlens_q=None if cu_q is None else cu_q.to(dev), cu_seqlens_k=None if cu_k is None else cu_k.to(dev),
-        max_seqlen_q=max_q, max_seqlen_k=max_k, return_lse=r.return_lse,
+        max_seqlen_q=max_q, max_seqlen_k=max_k, return_lse=r.return_lse, num_splits=r.num_splits,
     )
     return Case(q, k, v, spec, seed=int(r.seed), recipe=r, label=label)
 

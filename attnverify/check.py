@@ -83,15 +83,26 @@ def unclaimed(adapter: Adapter, case: Case) -> Optional[str]:
         return f"{adapter.name} does not claim head dim {d}" + (f"/{dv}" if dv != d else "")
     if dv != d and not c.dv_ne_d:
         return f"{adapter.name} does not claim Dv != D"
-    if max(case.q.shape[2], case.k.shape[2]) > c.max_seqlen:
+    hkv, lk = case.k.shape[1], case.k.shape[2]
+    if s.cache_seqlens is not None:  # caches (N, S, Hkv, D): attnverify/paged.py
+        from .paged import key_lengths
+
+        hkv, lk = case.k.shape[2], max(key_lengths(s), default=0)
+    if max(case.q.shape[2], lk) > c.max_seqlen:
         return f"{adapter.name} does not claim sequence lengths above {c.max_seqlen}"
     if s.causal not in c.causal:
         return f"{adapter.name} does not claim causal={s.causal}"
     for feat in sorted(s.features() - {"causal"}):
         if not c.feature(feat):
             return f"{adapter.name} does not claim {feat}"
-    if case.k.shape[1] != case.q.shape[1] and not c.gqa:
+    if hkv != case.q.shape[1] and not c.gqa:
         return f"{adapter.name} does not claim gqa"
+    if s.cache_seqlens is not None or s.num_splits is not None:
+        from .paged import unclaimed_serving
+
+        why = unclaimed_serving(c, case)
+        if why:
+            return f"{adapter.name} {why}"
     if adapter.refuses is not None:
         why = adapter.refuses(case)
         if why:

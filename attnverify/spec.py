@@ -30,6 +30,14 @@ class Spec:
     max_seqlen_q: Optional[int] = None
     max_seqlen_k: Optional[int] = None
     return_lse: bool = False
+    # KV cache (flash_attn_with_kvcache semantics; attnverify/paged.py): k and v are caches (N, S, Hkv, D)
+    block_table: Any = None  # int32 (B, max_blocks): batch b's keys are pages block_table[b, :] (N pages of S)
+    page_size: Optional[int] = None  # S of a paged cache (k.shape[1])
+    cache_seqlens: Any = None  # int32 (B,): keys already cached per batch (before any append)
+    cache_batch_idx: Any = None  # int32 (B,): cache row of batch b (contiguous cache only; default b)
+    k_new: Any = None  # (B, Hkv, Lnew, D): appended at slot cache_seqlens[b], in place, before attending
+    v_new: Any = None
+    num_splits: Optional[int] = None  # split-KV partitions (1: no split); None: the adapter's own choice
 
     def __post_init__(self):
         if self.causal not in CAUSAL_MODES:
@@ -49,6 +57,11 @@ class Spec:
             raise ValueError("Spec(cu_seqlens_q, cu_seqlens_k): give both for varlen, or neither")
         if self.scale is not None and not (isinstance(self.scale, (int, float)) and math.isfinite(self.scale)):
             raise ValueError(f"Spec(scale={self.scale!r}): must be a finite number, or None for 1/sqrt(D)")
+        if (self.cache_seqlens is not None or self.num_splits is not None or self.block_table is not None
+                or self.k_new is not None or self.v_new is not None or self.cache_batch_idx is not None):
+            from .paged import validate_spec
+
+            validate_spec(self)
 
     def resolved_scale(self, head_dim: int) -> float:
         return float(self.scale) if self.scale is not None else 1.0 / math.sqrt(head_dim)
@@ -79,6 +92,12 @@ class Spec:
             used.add("varlen")
         if self.return_lse:
             used.add("lse")
+        if self.cache_seqlens is not None:
+            used.add("paged" if self.block_table is not None else "kv_cache")
+        if self.k_new is not None:
+            used.add("append")
+        if self.num_splits is not None:
+            used.add("num_splits")
         return used
 
 

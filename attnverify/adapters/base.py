@@ -19,6 +19,7 @@ KNOWN_DTYPES = ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "f
 KNOWN_DEVICES = ("cpu", "cuda")
 MEMORY_MODES = ("quadratic", "linear")
 DEFAULT_HEAD_DIMS = (16, 32, 64, 128)
+DEFAULT_PAGE_SIZES = (1, 3, 7, 16, 64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,17 @@ class Claims:
     deterministic: bool = False
     tiles: Optional[Tuple[int, int]] = None
     memory: str = "quadratic"
+    # serving (attnverify/paged.py): a contiguous KV cache with cache_seqlens / cache_batch_idx, a paged
+    # one (block_table) with these page sizes, k_new/v_new appended into the cache, num_splits values
+    kv_cache: bool = False
+    paged: bool = False
+    page_sizes: Union[Tuple[int, ...], Callable[[int], bool]] = DEFAULT_PAGE_SIZES
+    append: bool = False
+    num_splits: Tuple[int, ...] = ()
+
+    def page_size_ok(self, s: int) -> bool:
+        ps = self.page_sizes
+        return bool(ps(s)) if callable(ps) else s in ps
 
     def head_dim_ok(self, d: int) -> bool:
         hd = self.head_dims
@@ -56,13 +68,15 @@ class Claims:
         return bool(getattr(self, name))
 
     def summary(self) -> str:
-        feats = [f for f in ("window", "softcap", "alibi", "attn_mask", "gqa", "varlen", "dropout", "backward", "lse", "deterministic") if getattr(self, f)]
+        feats = [f for f in ("window", "softcap", "alibi", "attn_mask", "gqa", "varlen", "dropout", "backward", "lse",
+                             "deterministic", "kv_cache", "paged", "append") if getattr(self, f)]
         hd = "predicate" if callable(self.head_dims) else ",".join(map(str, self.head_dims))
         causal = "/".join(c for c in self.causal)
         return (
             f"dtypes={','.join(self.dtypes)} devices={','.join(self.devices)} head_dims={hd} max_seqlen={self.max_seqlen} "
             f"causal={causal} fully_masked={self.fully_masked} memory={self.memory}"
             + (f" tiles={self.tiles}" if self.tiles else "")
+            + (f" num_splits={','.join(map(str, self.num_splits))}" if self.num_splits else "")
             + (" " + " ".join(feats) if feats else "")
         )
 
@@ -107,6 +121,9 @@ def _validate_claims(name: str, kw: dict) -> Claims:
         c["tiles"] = t
     if "max_seqlen" in c and int(c["max_seqlen"]) < 1:
         raise bad("max_seqlen", "must be >= 1")
+    from ._serving_claims import validate_serving_claims
+
+    validate_serving_claims(c, bad)
     known = {f.name for f in dataclasses.fields(Claims)}
     unknown = set(c) - known
     if unknown:

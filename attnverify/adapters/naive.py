@@ -126,8 +126,20 @@ def _attend(q, kk, vv, spec: Spec, acc, bias, vis, keep):
     causal=("none", "top_left", "bottom_right"),
     window=True, softcap=True, alibi=True, attn_mask=True, gqa=True, varlen=True, dropout=True,
     backward=True, lse=True, dv_ne_d=True, fully_masked="zeros", deterministic=True,
-    memory="quadratic",
+    memory="quadratic", kv_cache=True, paged=True, page_sizes=lambda p: p >= 1, append=True,
+    num_splits=(1, 2, 3, 4, 5, 8, 16, 32),
     description="eager PyTorch, input dtype, float32 softmax (the same-dtype baseline)",
 )
 def naive(q, k, v, spec: Spec):
-    return naive_attention(q, k, v, spec)
+    return naive_serving(q, k, v, spec)
+
+
+def naive_serving(q, k, v, spec: Spec):
+    """naive_attention, with KV caches and num_splits (adapters/naive_serving.py)."""
+    from .naive_serving import cache_attention, split_attention
+
+    if spec.cache_seqlens is not None:
+        return cache_attention(q, k, v, spec, naive_serving)
+    if spec.num_splits is not None and spec.num_splits > 1 and not spec.is_varlen and spec.dropout_p == 0:
+        return split_attention(q, k, v, spec, spec.num_splits)
+    return naive_attention(q, k, v, spec.replace(num_splits=None) if spec.num_splits else spec)

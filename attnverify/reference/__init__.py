@@ -94,7 +94,12 @@ def reference_forward(
     dropout_mask: Optional[torch.Tensor] = None,
     block_q: Optional[int] = None,
 ) -> ReferenceResult:
-    """Exact attention in float64. Inputs of any dtype are upcast exactly."""
+    """Exact attention in float64. Inputs of any dtype are upcast exactly. A KV-cache call (spec.cache_seqlens;
+    k and v are caches) attends each batch to its gathered keys (reference.paged)."""
+    if spec.cache_seqlens is not None:
+        from .paged import cache_forward
+
+        return cache_forward(q, k, v, spec, lambda *a: reference_forward(*a, block_q=block_q))
     b, hq, lq = q.shape[0], q.shape[1], q.shape[2]
     _check_keep(spec, dropout_mask, (b, hq, lq, k.shape[2]))
     p = _params(spec, q, spec.attn_mask, dropout_mask, b, hq)

@@ -13,6 +13,7 @@ import torch
 
 from ..adapters.base import Adapter, adapter
 from ._eager import SPLIT_KV, attend, buggy_grad
+from ._serving_members import serving_members
 from ._triton_wrong import BLOCK_M, BLOCK_N, triton_unavailable, zoo_flash_forward
 from ..devices import cuda_present
 
@@ -213,4 +214,4 @@ def _members():
     ]
 
 
-ZOO = _members()
+ZOO = _members() + serving_members()

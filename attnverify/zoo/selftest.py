@@ -176,7 +176,8 @@ def diagnosis_for(member, prop_name: str, replay_path: str, finding: str) -> str
             from ..diagnose import NO_EXPLANATION, diagnose_result
 
             case = load_case(replay_path)
-            if case.spec.dropout_p == 0 and unclaimed(member.adapter, case) is None:
+            # a KV-cache case is judged by its property alone (check() compares plain calls)
+            if case.spec.dropout_p == 0 and case.spec.cache_seqlens is None and unclaimed(member.adapter, case) is None:
                 # the forward first (cheap, and what diagnose explains); the backward only if needed
                 passes = [False] + ([True] if member.adapter.claims.backward and prop_name in _BACKWARD_PROPS else [])
                 for bwd in passes:
