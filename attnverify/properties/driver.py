@@ -328,7 +328,7 @@ def _failure_lines(prop, adapter, bug: dict, profile: str, head: bool) -> List[s
         lines.append(f"first failing example: #{first[0]} after {first[1]:.2f} s; {bug['examples']} examples run "
                      f"with shrinking")
     if bug.get("case_file"):
-        lines.append(f"replay: attnverify repro {bug['case_file']}")
+        lines.append(f"replay: attnverify repro {_rel(bug['case_file'])}")
     else:
         lines.append(f"replay: {bug.get('save_error') or 'no recipe to save'}")
     return lines
@@ -341,3 +341,11 @@ def _describe(drawn) -> str:
         return build_probe(CaseRecipe.from_dict(drawn["recipe"])).describe()  # no GPU in the parent
     except Exception:
         return repr(drawn)[:500]
+
+
+def _rel(path: str) -> str:
+    try:
+        r = os.path.relpath(path)
+        return path if r.startswith("..") else r
+    except ValueError:
+        return path
