@@ -128,7 +128,7 @@ def mine(q, k, v, spec):
     out = r.stdout.str()
     assert "1 distinct bug (seen by 2 properties)" in out, out[-3000:]
     assert "needs B >= 2" in out
-    recs = [json.loads(x) for x in open(pytester.path / "reports" / "results.jsonl")]
+    recs = [json.loads(x) for x in (pytester.path / "reports" / "results.jsonl").read_text().splitlines()]
     bugs = [x for x in recs if x["event"] == "bug"]
     assert len(bugs) == 1 and bugs[0]["needs"] == ["B >= 2"] and bugs[0]["adapter"] == "mine"
     assert {"properties", "case", "signature"} <= set(bugs[0])
