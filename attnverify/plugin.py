@@ -17,6 +17,7 @@ wins, then the environment, then the ini file):
     --attn-timeout S         attn_timeout        ATTNVERIFY_TIMEOUT       per example, subprocess only (60)
     --attn-only              attn_only           ATTNVERIFY_ONLY          run only the suite (used by `attnverify run`)
     --attn-allow-untested    attn_allow_untested ATTNVERIFY_ALLOW_UNTESTED  pass although an adapter tested nothing
+    --attn-max-bugs N        attn_max_bugs       ATTNVERIFY_MAX_BUGS      distinct bugs per property (ci 1, else 3)
 
 A run in which a requested adapter tested nothing (unavailable here, or every property skipped) fails
 with a message saying why and how to fix it (attnverify.untested) unless --attn-allow-untested is given.
@@ -95,6 +96,9 @@ OPTIONS = (
     _Opt("attn_allow_untested", "--attn-allow-untested", "attn_allow_untested", "ATTNVERIFY_ALLOW_UNTESTED", False,
          "let a run pass in which an adapter tested nothing (unavailable here, or every property skipped); "
          "by default such a run fails", kind="flag"),
+    _Opt("attn_max_bugs", "--attn-max-bugs", "attn_max_bugs", "ATTNVERIFY_MAX_BUGS", None,
+         "distinct bugs to look for per property: after a failure the search goes on outside the found bug's "
+         "needs (default: the profile's, 1 in ci, 3 in dev and thorough)", kind="int"),
 )
 
 
@@ -282,6 +286,7 @@ class Settings:
     untested_lines: List[str] = field(default_factory=list)  # "nothing was tested" (attnverify.untested)
     probed: set = field(default_factory=set)  # (adapter, device) whose conventions this process journaled
     cwd: str = ""  # the folder pytest was invoked from (adapter origins are recorded relative to it)
+    max_bugs: Optional[int] = None  # --attn-max-bugs (None: the profile's, attnverify.properties.profiles.MAX_BUGS)
 
     @property
     def is_worker(self) -> bool:
@@ -324,7 +329,10 @@ def pytest_configure(config):
         seed=int(seed), seed_given=seed_given, device=vals["attn_device"], max_examples=vals["attn_max_examples"],
         isolate=isolate, timeout=float(vals["attn_timeout"]), only=bool(vals["attn_only"]), run_id=run_id,
         worker=worker, allow_untested=bool(vals["attn_allow_untested"]), cwd=str(config.invocation_params.dir),
+        max_bugs=vals["attn_max_bugs"],
     )
+    if s.max_bugs is not None and s.max_bugs < 1:
+        raise pytest.UsageError(f"--attn-max-bugs={s.max_bugs}: give 1 or more (1 stops at the first failure)")
     config.stash[settings_key] = s
     config.pluginmanager.register(_Reporter(s), "attnverify-reporter")
     if config.pluginmanager.hasplugin("xdist"):
@@ -505,11 +513,18 @@ class PropertyItem(pytest.Item):
                 "outcome": "passed", "examples": 0, "message": None, "case_file": None, "repro": None, "status": None}
         try:
             run_property(self.prop, self.adapter, profile=s.profile, seed=s.seed, max_examples=s.max_examples,
-                         device=s.device, runner=s.runner, journal=journal, report_dir=_report_for_messages(s))
+                         device=s.device, runner=s.runner, journal=journal, report_dir=_report_for_messages(s),
+                         max_bugs=s.max_bugs, on_bug=lambda bug: _bugs().record_bug(
+                             bug, s=s, prop=self.prop, adapter=self.adapter, journal_write=journal,
+                             origin=_origin(self.adapter, s)))
         except AssertionError as e:
             msg = str(e)
             fail = state["last_fail"] or {}
             drawn = drawn_by_index.get(fail.get("index"), (state.get("last_start") or {}).get("drawn"))
+            bugs = getattr(e, "bugs", None) or []
+            if bugs:  # distinct bugs found (attnverify.bugs): the first one is the item's case
+                fail, drawn = dict(bugs[0]["result"], index=None), bugs[0]["drawn"]
+                info["bugs"] = [_bugs().brief(b) for b in bugs]
             info.update(outcome="failed", message=msg, status=fail.get("status"))
             try:
                 path = save_case(s.report, prop_name=self.prop.name, adapter_name=self.adapter.name, drawn=drawn,
@@ -518,7 +533,7 @@ class PropertyItem(pytest.Item):
                 info["case_file"] = path
                 info["repro"] = f"attnverify repro {_rel(path)}"
                 # point the replay line at the file keyed by (property, adapter, example)
-                msg, n = re.subn(r"(?m)^replay: .*$", lambda m: f"replay: {info['repro']}", msg)
+                msg, n = re.subn(r"(?m)^replay: .*$", lambda m: f"replay: {info['repro']}", msg, count=1)
                 if not n:
                     msg += f"\nreplay: {info['repro']}"
             except Exception as se:  # noqa: BLE001 - the failure matters more than its saving
@@ -556,6 +571,12 @@ class PropertyItem(pytest.Item):
         if isinstance(excinfo.value, AttnFailure):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)
+
+
+def _bugs():
+    from . import bugs  # distinct bugs: journaled as found, grouped, summarised
+
+    return bugs
 
 
 def _record():
@@ -650,6 +671,8 @@ class _Reporter:
             return
         tr = terminalreporter
         tr.section("attnverify")
+        for line in _bugs().summary_lines(rows.values()):  # "3 distinct bugs (seen by 26 properties)", each
+            tr.write_line(line, red=not line.startswith(" "), bold=not line.startswith(" "))
         adapters = list(dict.fromkeys(i["adapter"] for i in rows.values()))
         props = list(dict.fromkeys(i["property"] for i in rows.values()))
         w = max(len(p) for p in props) + 2

@@ -86,7 +86,8 @@ def test_registry_documented_and_distinct():
         assert len(m.bug) >= 20 and "\n" not in m.bug, m.name
         assert len(m.stands_for) >= 20 and "\n" not in m.stands_for, m.name
         assert not re.search(r"#\d", m.stands_for + m.bug), f"{m.name}: describe the class, no issue numbers"
-        assert m.kind in ("triton", "eager", "autograd"), m.name
+        assert m.kind in ("triton", "eager", "autograd", "multi"), m.name
+        assert bool(m.planted) == (m.kind == "multi") and (not m.planted or len(m.planted) >= 2), m.name
         assert m.expected, m.name
         for p in m.expected:
             prop = get_property(p)  # raises for an unknown property

@@ -1,8 +1,11 @@
 """`run_property`: build and run the Hypothesis test of one property against one adapter.
 
 The @example corpus runs first, then generated cases (targeted on error / tolerance); a failure
-is shrunk, saved to `<report_dir>/cases/<id>.json`, and raised as an AssertionError that holds the
-shrunk case, every failing output and the command that replays it.
+is shrunk, attributed (attnverify.attribution: which features it needs, judged by the runner), saved
+to `<report_dir>/cases/<id>.json`; the search then goes on outside the needs found, up to the
+profile's number of distinct bugs (MAX_BUGS: 1 in ci), each search with its own database key. The
+bugs are raised as one PropertyFailed (an AssertionError) holding, per bug, the shrunk case, every
+failing output, its needs and the command that replays it.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from hypothesis import example, given, seed as hyp_seed, target
 from hypothesis.errors import Unsatisfiable
 
 from .base import ExampleResult, Property
-from .profiles import DEFAULT_PROFILE, hypothesis_settings
+from .profiles import DEFAULT_PROFILE, MAX_BUGS, hypothesis_settings
 
 
 # Seconds of shrinking after the first failure, per profile; then the smallest failure so far is reported.
@@ -52,8 +55,15 @@ def default_runner(prop: Property, adapter, drawn) -> ExampleResult:
     return prop.run_example(adapter, drawn)
 
 
-def _db_key(prop, adapter, profile) -> bytes:
-    return hashlib.sha256(f"attnverify/{prop.name}/{adapter.name}/{profile}".encode()).digest()
+def _db_key(prop, adapter, profile, excluded=(), tag: str = "") -> bytes:
+    """The example database's key; a continued search (cases of found bugs excluded) has its own,
+    derived from the needs it excludes, so each distinct bug replays first on the next run."""
+    key = f"attnverify/{prop.name}/{adapter.name}/{profile}"
+    if excluded:
+        key += "/outside:" + json.dumps([sorted(n["label"] for n in need) for need in excluded])
+    if tag:
+        key += "/" + tag
+    return hashlib.sha256(key.encode()).digest()
 
 
 def run_property(
@@ -71,22 +81,89 @@ def run_property(
     on_first_failure: Optional[Callable[[int, float], None]] = None,
     use_corpus: bool = True,
     shrink_budget_s: Optional[float] = None,
+    max_bugs: Optional[int] = None,
+    on_bug: Optional[Callable[[dict], Optional[str]]] = None,
 ) -> PropertyRun:
-    """Run `prop` against `adapter`; return a PropertyRun, raise AssertionError on a failure,
-    PropertySkipped (a unittest.SkipTest) when the adapter does not claim what it needs."""
+    """Run `prop` against `adapter`; return a PropertyRun, raise PropertyFailed (an AssertionError) on a
+    failure, PropertySkipped (a unittest.SkipTest) when the adapter does not claim what it needs.
+
+    Every shrunk failure is attributed (attnverify.attribution: the features it needs); the search then
+    goes on outside the needs found, up to `max_bugs` distinct bugs (default: the profile's, MAX_BUGS).
+    `on_bug(bug)` is called as each bug is found (the plugin journals it there) and may return the
+    path of the case file it saved."""
     why = prop.skip_reason(adapter)
     if why:
         raise PropertySkipped(why)
     runner = runner or default_runner
+    limit = bugs_limit(profile, max_bugs)
+    run = PropertyRun(prop.name, adapter.name, profile)
+    t0 = time.perf_counter()
+    bugs: List[dict] = []
+    excluded: List[List[dict]] = []
+    ctx = dict(prop=prop, adapter=adapter, profile=profile, seed=seed, max_examples=max_examples, device=device,
+               runner=runner, journal=journal, database=database, on_first_failure=on_first_failure,
+               use_corpus=use_corpus, shrink_budget_s=shrink_budget_s, run=run, t0=t0)
+    while len(bugs) < limit:
+        fail = _search(excluded, len(bugs), **ctx)
+        if fail is None:
+            break
+        if limit > 1 and fail[2].get("explicit") and fail[0].get("recipe") is not None:
+            # an @example failure is not shrunk and may show several bugs at once: let generation find
+            # and shrink one (its own database key); the corpus failure stands if generation finds none
+            fail = _search(excluded, len(bugs), **{**ctx, "use_corpus": False, "tag": "generated"}) or fail
+        drawn, res, state = fail
+        bug = _bug(prop, adapter, drawn, res, state, runner, profile, journal, report_dir, len(bugs), on_bug)
+        bugs.append(bug)
+        need = (bug.get("attribution") or {}).get("filter") or []
+        if not need:
+            break  # nothing to search outside of: every case could be this bug again
+        excluded.append(need)
+    if bugs:
+        raise PropertyFailed(_failures_text(prop, adapter, bugs, profile), bugs)
+    run.seconds = time.perf_counter() - t0
+    return run
+
+
+def bugs_limit(profile: str, max_bugs: Optional[int] = None) -> int:
+    """Distinct bugs one property run looks for: `max_bugs`, else the profile's (MAX_BUGS)."""
+    if max_bugs is None:
+        return MAX_BUGS.get(profile, 1)
+    if int(max_bugs) < 1:
+        raise ValueError(f"max_bugs={max_bugs}: must be >= 1 (1 stops at the first failure)")
+    return int(max_bugs)
+
+
+class PropertyFailed(AssertionError):
+    """A property's failure: the text (every bug found, the first one first) and `bugs`, one dict per
+    distinct bug (property, adapter, drawn, result, case, case_file, attribution, signature, needs)."""
+
+    def __init__(self, text: str, bugs: List[dict]):
+        super().__init__(text)
+        self.bugs = bugs
+
+
+def _search(excluded, round_i, *, prop, adapter, profile, seed, max_examples, device, runner, journal, database,
+            on_first_failure, use_corpus, shrink_budget_s, run, t0, tag=""):
+    """One Hypothesis search; the cases of found bugs (`excluded`) are filtered out. -> None when it
+    passes, else (drawn, result, state) of the shrunk failure."""
+    from ..attribution import matches
+
+    def fresh(drawn) -> bool:
+        return not any(matches(n, drawn.get("recipe") if isinstance(drawn, dict) else None) for n in excluded)
+
     st_ = prop.strategy(adapter, profile, device)
+    if excluded:
+        st_ = st_.filter(fresh)  # its own database key below, so a stored failure of this round replays
     corpus = list(prop.examples(adapter, profile, device)) if use_corpus else []
-    run = PropertyRun(prop.name, adapter.name, profile, corpus=len(corpus))
+    corpus = [ex for ex in corpus if fresh(ex)]
+    if not round_i:
+        run.corpus = len(corpus)
     state = {"last_fail": None, "n": 0, "first": None, "failing": {}}
     budget = shrink_budget_s if shrink_budget_s is not None else SHRINK_BUDGET_S.get(profile, 60.0)
-    t0 = time.perf_counter()
+    t_round = time.perf_counter()
 
     def body(drawn):
-        if state["first"] is not None and time.perf_counter() - t0 - state["first"][1] > budget:
+        if state["first"] is not None and time.perf_counter() - t_round - state["first"][1] > budget:
             # shrinking budget spent: judge only what is already known to fail, so the shrinker stops
             key = json.dumps(drawn, sort_keys=True, default=str)
             if key in state["failing"]:
@@ -94,7 +171,8 @@ def run_property(
                 raise _ExampleFailed(state["failing"][key].message)
             return
         state["n"] += 1
-        idx = state["n"]
+        run.examples += 1
+        idx = run.examples
         if journal is not None:
             journal({"event": "case_start", "property": prop.name, "adapter": adapter.name, "profile": profile,
                      "index": idx, "drawn": drawn})
@@ -118,8 +196,8 @@ def run_property(
             pass
         if not res.passed and res.status != "skipped":
             if state["first"] is None:
-                state["first"] = (idx, time.perf_counter() - t0)
-                if on_first_failure is not None:
+                state["first"] = (idx, time.perf_counter() - t_round)
+                if on_first_failure is not None and not round_i:
                     on_first_failure(idx, time.perf_counter() - t0)
             state["last_fail"] = (drawn, res)
             state["failing"][json.dumps(drawn, sort_keys=True, default=str)] = res
@@ -135,15 +213,18 @@ def run_property(
         # settings go on after it and keep the database on: a stored failure still replays first
         test = hyp_seed(int(seed))(test)
     test = hypothesis_settings(profile, max_examples=max_examples, seed=seed, database=database)(test)
-    test._hypothesis_internal_database_key = _db_key(prop, adapter, profile)
+    test._hypothesis_internal_database_key = _db_key(prop, adapter, profile, excluded, tag)
     try:
         test()
     except BaseException as e:
         if state["last_fail"] is not None:
             drawn, res = state["last_fail"]
-            raise AssertionError(_failure_text(prop, adapter, drawn, res, report_dir, profile, state)) from None
+            state["explicit"] = isinstance(drawn, dict) and any(drawn == ex for ex in corpus)
+            return drawn, res, state
         if not isinstance(e, Unsatisfiable):
             raise
+        if round_i:
+            return None  # every case left is one of the bugs found: the search is done
         if state["n"] == 0:
             # every case the property draws lies outside what the adapter accepts (e.g. sdpa-cudnn and
             # causal_alignment, which needs causal with Lq != Lk): nothing to judge, so a skip that says why
@@ -153,9 +234,43 @@ def run_property(
             raise PropertySkipped(f"{adapter.name} accepts none of the cases {prop.name} draws: {why}") from None
         # the @example corpus was judged and passed; generation found nothing else the adapter accepts
         run.statuses["generation_refused"] = 1
-    run.examples = state["n"]
-    run.seconds = time.perf_counter() - t0
-    return run
+    return None
+
+
+def _bug(prop, adapter, drawn, res, state, runner, profile, journal, report_dir, index, on_bug) -> dict:
+    """A shrunk failure, attributed, saved and handed to `on_bug`."""
+    from ..attribution import attribute, signature
+
+    desc = (res.case or {}).get("describe") or _describe(drawn)
+    attr = None
+    try:
+        attr = attribute(prop, adapter, drawn, runner, profile=profile, describe=desc, journal=journal)
+    except Exception as e:  # noqa: BLE001 - the failure matters more than its attribution
+        attr_err = f"attribution failed: {type(e).__name__}: {e}"
+    else:
+        attr_err = "" if attr is not None else "attribution: the example holds no case to vary"
+    if attr is not None and attr.reduced is not None:  # a simpler failing neighbour is the case now
+        drawn, res = attr.reduced
+        desc = attr.describe
+    a = attr.to_dict() if attr is not None else None
+    needs = a["needs"] if a else []
+    bug = {"property": prop.name, "adapter": adapter.name, "index": index, "drawn": drawn, "result": res.to_dict(),
+           "case": res.case, "describe": desc, "attribution": a, "needs": needs,
+           "signature": a["signature"] if a else signature([], desc), "attribution_error": attr_err,
+           "first": state.get("first"), "examples": state["n"], "case_file": None}
+    path = None
+    if on_bug is not None:
+        try:
+            path = on_bug(bug)
+        except Exception as e:  # noqa: BLE001 - never hide the failure behind its recording
+            bug["attribution_error"] = (attr_err + f"; recording the bug failed: {type(e).__name__}: {e}").lstrip("; ")
+    if path is None:
+        try:
+            path = save_failure(prop, adapter, drawn, res, report_dir)
+        except Exception as e:  # never hide the failure behind a saving problem
+            bug["save_error"] = f"(could not save the case: {type(e).__name__}: {e})"
+    bug["case_file"] = path
+    return bug
 
 
 def save_failure(prop, adapter, drawn, res: ExampleResult, report_dir: str = "reports") -> Optional[str]:
@@ -182,32 +297,41 @@ def save_failure(prop, adapter, drawn, res: ExampleResult, report_dir: str = "re
     return path
 
 
-def _failure_text(prop, adapter, drawn, res: ExampleResult, report_dir, profile, state) -> str:
-    path = None
-    try:
-        path = save_failure(prop, adapter, drawn, res, report_dir)
-    except Exception as e:  # never hide the failure behind a saving problem
-        path = None
-        save_err = f"(could not save the case: {type(e).__name__}: {e})"
-    else:
-        save_err = ""
-    desc = (res.case or {}).get("describe") or _describe(drawn)
-    first = state.get("first")
-    lines = [
-        f"{prop.name} failed for {adapter.name} (profile {profile})",
-        f"shrunk case: {desc}",
-        res.message,
-    ]
+def _failures_text(prop, adapter, bugs: List[dict], profile: str) -> str:
+    """Every bug the property found, the first one first; each with its case, needs and replay line."""
+    lines = []
+    for i, bug in enumerate(bugs):
+        if i:
+            lines += ["", f"--- distinct bug {i + 1} of {len(bugs)} of {prop.name} for {adapter.name}: "
+                      f"drawn outside the needs of the bug(s) above ---"]
+        lines += _failure_lines(prop, adapter, bug, profile, head=not i)
+    return "\n".join(lines)
+
+
+def _failure_lines(prop, adapter, bug: dict, profile: str, head: bool) -> List[str]:
+    res = ExampleResult.from_dict(bug["result"])
+    drawn = bug["drawn"]
+    lines = [f"{prop.name} failed for {adapter.name} (profile {profile})"] if head else []
+    lines += [f"shrunk case: {bug['describe']}", res.message]
+    a = bug.get("attribution")
+    if a:
+        lines.append(f"attribution: {a['text']} [bug {a['signature']}]")
+        if a["untested"]:
+            lines.append(f"untested: {'; '.join(a['untested'])}")
+    elif bug.get("attribution_error"):
+        lines.append(bug["attribution_error"])
     extras = {k: v for k, v in drawn.items() if k != "recipe"} if isinstance(drawn, dict) else {}
     if extras:
         lines.append(f"property parameters: {extras}")
+    first = bug.get("first")
     if first:
-        lines.append(f"first failing example: #{first[0]} after {first[1]:.2f} s; {state['n']} examples run with shrinking")
-    if path:
-        lines.append(f"replay: attnverify repro {path}")
+        lines.append(f"first failing example: #{first[0]} after {first[1]:.2f} s; {bug['examples']} examples run "
+                     f"with shrinking")
+    if bug.get("case_file"):
+        lines.append(f"replay: attnverify repro {_rel(bug['case_file'])}")
     else:
-        lines.append(f"replay: {save_err or 'no recipe to save'}")
-    return "\n".join(lines)
+        lines.append(f"replay: {bug.get('save_error') or 'no recipe to save'}")
+    return lines
 
 
 def _describe(drawn) -> str:
@@ -217,3 +341,11 @@ def _describe(drawn) -> str:
         return build_probe(CaseRecipe.from_dict(drawn["recipe"])).describe()  # no GPU in the parent
     except Exception:
         return repr(drawn)[:500]
+
+
+def _rel(path: str) -> str:
+    try:
+        r = os.path.relpath(path)
+        return path if r.startswith("..") else r
+    except ValueError:
+        return path

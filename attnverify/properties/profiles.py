@@ -17,6 +17,9 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from ..strategies._profiles import PROFILE_NAMES, PROFILES
 
 DEFAULT_PROFILE = "dev"
+# distinct bugs one property run looks for (attnverify.attribution): after the first shrunk failure the
+# search goes on outside its needs; ci stops at the first (--attn-max-bugs overrides)
+MAX_BUGS = {"ci": 1, "dev": 3, "thorough": 3}
 DATABASE_DIR = os.path.join(".hypothesis", "attnverify")
 
 

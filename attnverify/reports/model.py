@@ -12,6 +12,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..journal import dangling_cases, describe_recipe, last_run, read_journal
+from .bugs import bug_section
 
 ORDER = ("crashed", "timeout", "error", "failed", "known", "passed", "skipped", "not run")  # worst first; known = a documented finding (xfail)
 MANIFEST = "merged.json"
@@ -221,4 +222,5 @@ def build_model(report_dir: str) -> Dict[str, Any]:
         "adapters": adapters, "adapter_info": adapter_info, "properties": props, "cells": cells,
         "counts": [(k, counts[k]) for k in ORDER if k in counts], "run_counts": first["run_counts"],
         "failures": fail_list, "n_records": len(recs), "conventions": list(conventions.values()),
+        "distinct": bug_section(report_dir, recs, fail_list),
     }

@@ -13,6 +13,7 @@ import torch
 
 from ..adapters.base import Adapter, adapter
 from ._eager import SPLIT_KV, attend, buggy_grad
+from ._multi import multi_members
 from ._serving_members import serving_members
 from ._triton_wrong import BLOCK_M, BLOCK_N, triton_unavailable, zoo_flash_forward
 from ..devices import cuda_present
@@ -25,8 +26,9 @@ class ZooMember:
     stands_for: str  # the real-world class of bug it stands for, one line
     adapter: Adapter
     expected: Tuple[str, ...]  # properties expected to catch it, in the order selftest tries them
-    kind: str  # "triton" (a Triton kernel, interpreter on CPU) | "eager" | "autograd" (wrong backward)
+    kind: str  # "triton" (a Triton kernel, interpreter on CPU) | "eager" | "autograd" (wrong backward) | "multi"
     fast: bool = False  # in `attnverify selftest --fast` (the CI subset)
+    planted: tuple = ()  # multi-bug members (kind "multi"): one zoo._multi.PlantedBug per bug
 
     def unavailable_reason(self) -> Optional[str]:
         return self.adapter.unavailable_reason()
@@ -214,4 +216,4 @@ def _members():
     ]
 
 
-ZOO = _members() + serving_members()
+ZOO = _members() + serving_members() + multi_members(ZooMember, FLASH)

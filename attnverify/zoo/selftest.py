@@ -272,6 +272,8 @@ def main(argv=None) -> int:
                     help="seconds of shrinking after a first failure (default: the profile's)")
     ap.add_argument("--max-examples", type=int, default=None, metavar="N",
                     help="generated examples per property (default: the profile's)")
+    ap.add_argument("--max-bugs", type=int, default=None, metavar="K",
+                    help="distinct bugs per property on multi-bug members (default: the profile's, 1 in ci)")
     ap.add_argument("--skip-unavailable", action="store_true",
                     help="members that cannot run here (e.g. triton missing) do not fail the run")
     ap.add_argument("--list", action="store_true", help="list the members and exit")
@@ -291,8 +293,20 @@ def main(argv=None) -> int:
                   f"{'':28s} bug: {m.bug}\n{'':28s} stands for: {m.stands_for}")
         return 0
     print(f"attnverify selftest: {len(members)} zoo member(s), profile {a.profile}, seed {a.seed}", flush=True)
-    rows = []
+    rows, counts = [], []
     for m in members:
+        if m.planted:  # a multi-bug member: distinct bugs planted and found (zoo/bugcount.py)
+            from .bugcount import count_bugs, row_text
+
+            c = count_bugs(m, profile=a.profile, seed=a.seed, max_examples=a.max_examples, max_bugs=a.max_bugs,
+                           shrink_budget_s=a.shrink_budget, report_dir=a.report_dir)
+            counts.append(c)
+            rows.append(MemberResult(m.name, m.kind, "caught" if c.found else "missed", total_seconds=c.seconds,
+                                     total_examples=c.examples, properties_run=c.properties_run,
+                                     caught_by=", ".join(c.found[0]["properties"]) if c.found else None,
+                                     expected=True, first_seconds=None))
+            print(row_text(c), flush=True)
+            continue
         r = run_member(m, profile=a.profile, seed=a.seed, report_dir=a.report_dir, shrink_budget_s=a.shrink_budget,
                        max_examples=a.max_examples)
         rows.append(r)
@@ -309,8 +323,8 @@ def main(argv=None) -> int:
         print(f"caught, but not by an expected property: {', '.join(s['caught_by_unexpected'])}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"profile": a.profile, "seed": a.seed, "rows": [r.to_dict() for r in rows], "summary": s}, f,
-                      indent=1, default=str)
+            json.dump({"profile": a.profile, "seed": a.seed, "rows": [r.to_dict() for r in rows], "summary": s,
+                       "bug_counts": [c.to_dict() for c in counts]}, f, indent=1, default=str)
     bad = s["missed"] + s["errors"] + ([] if a.skip_unavailable else s["unavailable"])
     return 1 if bad else 0
 

@@ -1,0 +1,162 @@
+"""Distinct bugs (issue 21): attribution of shrunk failures, the continued search, grouping, the zoo's
+multi-bug members. The wide runs (every property of every multi-bug member under dev) are `slow`."""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import pytest
+
+from attnverify import adapter
+from attnverify.attribution import FEATURES, attribute, matches, signature
+from attnverify.case import CaseRecipe
+from attnverify.isolation import make_runner
+from attnverify.properties import get_property
+from attnverify.properties.driver import PropertyFailed, bugs_limit, run_property
+from attnverify.zoo import ZOO, get_member
+from attnverify.zoo._eager import attend
+
+F = get_property("forward_matches_reference")
+G = get_property("gradients_match_reference")
+CLAIMS = dict(dtypes=("float32", "float16"), devices=("cpu",), head_dims=(16, 32), causal=("none", "bottom_right"),
+              gqa=True, backward=True, tiles=(32, 32), max_seqlen=256)
+
+
+# a user's adapter with two independent bugs: batch b > 0 reads batch 0's values; keys past Lk up to a
+# multiple of 32 count with score 0 when Lk % 32 != 0 (claims a 32-wide tile, as its kernel documents)
+@adapter("two-bugs", register=False, **CLAIMS)
+def two_bugs(q, k, v, spec):
+    from attnverify.zoo._multi import forward
+
+    v = v.clone()
+    v[1:] = v[:1]
+    return forward(q, k, v, spec.replace(return_lse=False), ("pad_tail",)) if k.shape[2] % 32 else attend(q, k, v, spec)
+
+
+@adapter("correct-eager", register=False, **CLAIMS)
+def correct(q, k, v, spec):
+    return attend(q, k, v, spec)
+
+
+def _run(prop, a, **kw):
+    runner = make_runner("auto")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return run_property(prop, a, seed=0, database=None, runner=runner, **kw)
+    finally:
+        runner.close()
+
+
+@pytest.fixture(autouse=True)
+def _block(monkeypatch):
+    monkeypatch.setattr("attnverify.zoo._multi.BLOCK", 32)
+
+
+def test_profiles_limit_bugs_and_reject_a_bad_override():
+    assert (bugs_limit("ci"), bugs_limit("dev"), bugs_limit("thorough"), bugs_limit("ci", 4)) == (1, 3, 3, 4)
+    with pytest.raises(ValueError, match="max_bugs=0"):
+        bugs_limit("dev", 0)
+
+
+def test_matches_is_the_filter_of_found_needs():
+    r = CaseRecipe(batch=2, len_q=5, len_k=33, causal="bottom_right")
+    need_b = {"feature": "batch", "arg": None, "label": "B >= 2"}
+    need_lk = {"feature": "lk_partial", "arg": 32, "label": "Lk not a multiple of 32"}
+    assert matches([need_b, need_lk], r) and matches([need_b], r.to_dict())
+    assert not matches([need_b], CaseRecipe(batch=1)) and not matches([need_lk], CaseRecipe(len_k=64))
+    assert not matches([], r)  # nothing needed: no filter (the search stops instead)
+    assert FEATURES["causal"].present(r, "bottom_right") and not FEATURES["causal"].present(CaseRecipe(), "none")
+    assert signature(["B >= 2", "x"]) == signature(["x", "B >= 2"]) != signature(["x"])
+    assert signature([], "case A") != signature([], "case B")
+
+
+def test_attribution_names_what_a_failure_needs_and_what_it_does_not():
+    runner = make_runner("auto")
+    try:
+        drawn = {"recipe": CaseRecipe(batch=2, heads_q=2, heads_kv=2, len_q=4, len_k=32, head_dim=16).to_dict()}
+        a = attribute(F, two_bugs, drawn, runner, profile="ci")
+        assert a.needs == ["B >= 2"], a.text()
+        # one head still fails: the case is reduced to it, and its verdicts are about the reduced case
+        assert a.reduced is not None and a.reduced[0]["recipe"]["heads_q"] == 1 and "Hq >= 2" not in a.needs
+        assert a.reduced[1].status == "failed" and "Hq=1" in a.describe
+        drawn = {"recipe": CaseRecipe(len_q=3, len_k=5, head_dim=16).to_dict()}
+        a = attribute(F, two_bugs, drawn, runner, profile="ci")
+        assert a.needs == ["Lk not a multiple of 32"] and "Lq = Lk" in a.holds, a.text()
+        assert a.text().startswith("needs Lk not a multiple of 32; holds with")
+        a = attribute(G, two_bugs, drawn, runner, profile="ci")
+        assert "the forward alone" in a.holds, a.text()  # the bug is in the forward
+    finally:
+        runner.close()
+
+
+def test_dev_goes_on_after_the_first_bug_and_ci_stops_there():
+    with pytest.raises(PropertyFailed) as ei:
+        _run(F, two_bugs, profile="dev", max_examples=25, shrink_budget_s=5)
+    got = sorted(tuple(b["needs"]) for b in ei.value.bugs)
+    assert got == [("B >= 2",), ("Lk not a multiple of 32",)], got
+    text = str(ei.value)
+    assert "distinct bug 2 of 2" in text and text.count("replay: attnverify repro") == 2
+    for b in ei.value.bugs:  # each saved and replayable
+        assert b["case_file"] and os.path.exists(b["case_file"])
+    with pytest.raises(PropertyFailed) as ei:
+        _run(F, two_bugs, profile="ci", max_examples=25, shrink_budget_s=5)
+    assert len(ei.value.bugs) == 1 and "distinct bug" not in str(ei.value)
+
+
+def test_a_correct_adapter_pays_nothing_for_the_continued_search():
+    run = _run(F, correct, profile="ci", max_examples=10, max_bugs=3)
+    assert run.examples >= 10 and not run.statuses.get("failed")
+
+
+def test_plugin_journals_each_bug_when_found_and_leads_the_summary(pytester):
+    pytester.makeconftest("""
+import attnverify
+from attnverify.zoo._multi import forward
+from attnverify.zoo._eager import attend
+
+@attnverify.adapter("mine", register=True, dtypes=("float32",), devices=("cpu",), head_dims=(16,),
+                    causal=("none",), tiles=(32, 32), max_seqlen=128)
+def mine(q, k, v, spec):
+    v = v.clone()
+    v[1:] = v[:1]   # batch b > 0 reads batch 0's values
+    return attend(q, k, v, spec)
+""")
+    r = pytester.runpytest("--adapter=mine", "--attn-only", "--attn-profile=dev", "--attn-max-examples=15",
+                           "--attn-seed=3", "-k", "forward_matches or batch_head", "-p", "no:cacheprovider")
+    out = r.stdout.str()
+    assert "1 distinct bug (seen by 2 properties)" in out, out[-3000:]
+    assert "needs B >= 2" in out
+    recs = [json.loads(x) for x in (pytester.path / "reports" / "results.jsonl").read_text().splitlines()]
+    bugs = [x for x in recs if x["event"] == "bug"]
+    assert len(bugs) == 1 and bugs[0]["needs"] == ["B >= 2"] and bugs[0]["adapter"] == "mine"
+    assert {"properties", "case", "signature"} <= set(bugs[0])
+    seen = [x for x in recs if x["event"] == "bug_seen"]
+    assert len(seen) == 1 and seen[0]["signature"] == bugs[0]["signature"]
+    # written when found: before the test_end of the property that found it
+    first_end = next(i for i, x in enumerate(recs) if x["event"] == "test_end" and x["outcome"] == "failed")
+    assert recs.index(bugs[0]) < first_end
+    html = (pytester.path / "reports" / "index.html").read_text()
+    assert "1 distinct bug (seen by 2 properties)" in html and "needs B &gt;= 2" in html
+
+
+def test_max_bugs_option_is_checked(pytester):
+    r = pytester.runpytest("--adapter=naive", "--attn-only", "--attn-max-bugs=0", "-p", "no:cacheprovider")
+    assert "--attn-max-bugs=0" in r.stderr.str() + r.stdout.str()
+
+
+MULTI = [m for m in ZOO if m.planted]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [m.name for m in MULTI])
+def test_dev_reports_each_planted_bug_with_its_needs(name, monkeypatch):
+    from attnverify.zoo.bugcount import count_bugs
+
+    monkeypatch.undo()  # the members' own 64-key block
+    m = get_member(name)
+    c = count_bugs(m, profile="dev", max_examples=40, shrink_budget_s=15,
+                   properties=list(m.expected) + ["batch_head_independence"])
+    assert c.all_found, (c.matched, [(g["needs"], g["describe"]) for g in c.found])
+    assert len(set(c.matched.values())) == len(c.planted)  # each its own entry
