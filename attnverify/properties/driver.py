@@ -78,6 +78,9 @@ def run_property(
     if why:
         raise PropertySkipped(why)
     runner = runner or default_runner
+    from ..strategies._cases import LAST_REFUSAL
+
+    LAST_REFUSAL.pop(adapter.name, None)  # a skip below says why *this* property's draws were refused
     st_ = prop.strategy(adapter, profile, device)
     corpus = list(prop.examples(adapter, profile, device)) if use_corpus else []
     run = PropertyRun(prop.name, adapter.name, profile, corpus=len(corpus))
@@ -145,9 +148,8 @@ def run_property(
         if state["n"] == 0:
             # every case the property draws lies outside what the adapter accepts (e.g. sdpa-cudnn and
             # causal_alignment, which needs causal with Lq != Lk): nothing to judge, so a skip that says why
-            from ..strategies._cases import LAST_REFUSAL
-
-            why = LAST_REFUSAL.get(adapter.name) or str(e).splitlines()[0]
+            why = LAST_REFUSAL.get(adapter.name) or (
+                f"no draw satisfies what the property needs within the claims ({adapter.claims.summary()})")
             raise PropertySkipped(f"{adapter.name} accepts none of the cases {prop.name} draws: {why}") from None
         # the @example corpus was judged and passed; generation found nothing else the adapter accepts
         run.statuses["generation_refused"] = 1
