@@ -33,6 +33,8 @@ from attnverify.check import check, unclaimed
 from attnverify.properties import PROPERTIES, get_property
 from attnverify.properties.driver import run_property
 
+from _judged import judged
+
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 
 EXTERNAL = ("flex", "flash-attn", "flash-attn-kvcache", "flash-attn3", "flash-attn4", "xformers", "flashinfer", "jax",
@@ -320,12 +322,11 @@ def test_flex_ci_profile(prop, tmp_path):
 needs_jax = pytest.mark.skipif(not HAS_JAX, reason="jax is not installed (pip install jax jaxlib)")
 
 
-# Property failures that are about a property's reach, not about the adapter (docs/compatibility.md,
-# "Findings"); findings about a library are declared on its adapter (known_failures). Non-strict: a
-# short search may or may not reach them.
+# Findings about a library are declared on its adapter (known_failures) and judged by the adapter's
+# classifier (tests/_judged.py): a failure its declaration does not match is new; a declaration that does
+# not reproduce fails the test (strict XPASS).
 # (F6, jax's NaN on rows whose scores an Inf made all -inf, was one until nonfinite_inputs_propagate
 # applied the declared fully_masked convention to such rows.)
-KNOWN: dict = {}
 
 
 def _run_profile(name, prop, tmp_path, max_examples=None):
@@ -336,13 +337,8 @@ def _run_profile(name, prop, tmp_path, max_examples=None):
     p = get_property(prop)
     if p.skip_reason(a):
         pytest.skip(p.skip_reason(a))
-    try:
-        run_property(p, a, profile="ci", seed=0, max_examples=max_examples, database=None, report_dir=str(tmp_path))
-    except AssertionError:
-        known = a.known_failures.get(prop) or KNOWN.get((name, prop))
-        if known:
-            pytest.xfail(known)
-        raise
+    judged(a, prop, lambda: run_property(p, a, profile="ci", seed=0, max_examples=max_examples, database=None,
+                                         report_dir=str(tmp_path)))
 
 
 @needs_jax

@@ -16,7 +16,8 @@ import pprint
 import re
 from typing import Any, Dict, List, Optional
 
-ORDER = ("crashed", "timeout", "error", "failed", "known", "passed", "skipped", "not run")  # worst first; known = a documented finding (xfail)
+# worst first; known = a documented finding (xfail); xpass = a declared finding that did not reproduce (strict)
+ORDER = ("crashed", "timeout", "error", "failed", "xpass", "known", "passed", "skipped", "not run")
 RESULT_KEY = "attnverify_result"  # item.user_properties key / item attribute the plugin sets for pytest-html
 
 
