@@ -119,16 +119,18 @@ def _chunked(fn, q, k, v, spec, rows: int = 64):
     Only plain specs (causal at most) take this path; the chunk's causal rows become a bool mask."""
     from torch.utils.checkpoint import checkpoint
 
-    from ..adapters._features import positional_visibility
-
     lq, lk = q.shape[2], k.shape[2]
     outs, lses = [], []
     for r0 in range(0, lq, rows):
         r1 = min(lq, r0 + rows)
 
         def part(qc, k_, v_, r0=r0, r1=r1):
-            vis = positional_visibility(lq, lk, spec, q.device)
-            s = spec.replace(causal="none", attn_mask=None if vis is None else vis[r0:r1], return_lse=True)
+            vis = None
+            if spec.causal != "none":  # the chunk's rows of the causal mask only (r1 - r0) x Lk
+                i = torch.arange(r0, r1, device=q.device)[:, None]
+                j = torch.arange(lk, device=q.device)[None, :]
+                vis = j <= (i if spec.causal == "top_left" else i + lk - lq)
+            s = spec.replace(causal="none", attn_mask=vis, return_lse=True)
             res = fn(qc, k_, v_, s)
             return res.out, res.lse
 
