@@ -113,3 +113,18 @@ def test_claim_sets_cover_every_keyword_of_adapter():
     assert {d["refuses"] for d in seen} >= {"odd_length", "head_dim_above_32", "bottom_right_lq_gt_lk", "unaligned_pointer"}
     assert any(d["known"] and d["known"]["match"] for d in seen) and any(d["known"] and not d["known"]["match"] for d in seen)
     assert describe(seen[0])
+
+
+def test_a_property_whose_draws_are_all_refused_skips_with_the_reason(tmp_path):
+    """The Unsatisfiable path: an adapter whose `refuses` turns down every case (corpus and generation)."""
+    import attnverify as av
+    from attnverify.adapters.naive import naive_attention
+    from attnverify.properties.driver import PropertySkipped, run_property
+
+    a = av.adapter("refuses-all", register=False, causal=("top_left",),
+                   refuses=lambda case: "refuses every shape (fixture)")(naive_attention)
+    for name in ("forward_matches_reference", "kv_permutation_invariance", "nonfinite_inputs_propagate"):
+        p = get_property(name)
+        with pytest.raises(PropertySkipped) as ei:
+            run_property(p, a, profile="ci", seed=0, max_examples=3, database=None, report_dir=str(tmp_path))
+        assert "refuses every shape (fixture)" in str(ei.value) and "\n" not in str(ei.value), (p.name, str(ei.value))

@@ -112,6 +112,8 @@ def run_property(
             journal({"event": "result", "property": prop.name, "adapter": adapter.name, "profile": profile,
                      "index": idx, **res.to_dict()})
         run.statuses[res.status] = run.statuses.get(res.status, 0) + 1
+        if res.status == "skipped":
+            state["skip"] = res.message
         sev = float(res.severity) if res.severity == res.severity else 1e30
         sev = min(sev, 1e30) if math.isfinite(sev) else 1e30
         run.max_severity = max(run.max_severity, sev)
@@ -155,6 +157,11 @@ def run_property(
         run.statuses["generation_refused"] = 1
     run.examples = state["n"]
     run.seconds = time.perf_counter() - t0
+    if run.statuses and set(run.statuses) <= {"skipped", "generation_refused"}:
+        # every example was turned down when judged (the real case, or a call derived from it): nothing judged
+        first = (state.get("skip") or "").strip().splitlines()[:1]
+        raise PropertySkipped(f"{adapter.name}: none of the {state['n']} case(s) {prop.name} drew could be judged: "
+                              + (first[0] if first else "refused"))
     return run
 
 
