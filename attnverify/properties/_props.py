@@ -656,7 +656,6 @@ class Dropout(CaseProperty):
         live = seen > 0
         # per row: the number of kept keys, estimated (uniform attention: every visible key weighs 1/seen)
         kept = (out1.double().cpu()[..., 0] * seen * (1 - p))[live]
-        n_rows = kept.numel()
         n_keys = int(seen.sum())
         if not torch.isfinite(kept).all():
             problems.append("non-finite output under dropout with finite inputs")
