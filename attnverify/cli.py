@@ -49,9 +49,11 @@ def _gpu_present() -> bool:
         return False
 
 
-def default_adapters(out=sys.stdout) -> List[str]:
-    """Every built-in adapter this machine can run; prints the others with the reason."""
+def default_adapters(out=sys.stdout, *, gpu: Optional[bool] = None) -> List[str]:
+    """Every built-in adapter this machine can run (without a GPU: but those that compile every shape,
+    listed as on request with the command that adds them); prints the others with the reason."""
     from .adapters.registry import BUILTINS, get
+    from .default_run import on_request_lines, split_default
 
     names = []
     for n in BUILTINS:
@@ -64,6 +66,9 @@ def default_adapters(out=sys.stdout) -> List[str]:
             names.append(n)
         else:
             print(f"attnverify run: skipping {n}: {why}", file=out)
+    names, on_request = split_default([get(n) for n in names], _gpu_present() if gpu is None else gpu)
+    for line in on_request_lines(on_request):
+        print(line, file=out)
     return names
 
 
@@ -72,7 +77,7 @@ def pytest_args_for_run(ns, extra: List[str], *, gpu: Optional[bool] = None, out
     for a in ns.adapter or []:
         adapters += [x.strip() for x in a.split(",") if x.strip()]
     if not adapters and not os.environ.get("ATTNVERIFY_ADAPTER"):
-        adapters = default_adapters(out)
+        adapters = default_adapters(out, gpu=gpu)
         if not adapters:
             raise CliUsageError("no built-in adapter is available on this machine; name one with --adapter")
     profile = ns.profile

@@ -468,6 +468,11 @@ class AttnFailure(AssertionError):
     pass
 
 
+class KnownFinding(AssertionError):
+    """Only the target of the strict xfail marker a declared finding gets: a pass is a strict XPASS, and any
+    other failure (AttnFailure) stays a failure."""
+
+
 class PropertyItem(pytest.Item):
     def __init__(self, *, prop, adapter, **kw):
         super().__init__(**kw)
@@ -517,6 +522,9 @@ class PropertyItem(pytest.Item):
                          max_bugs=s.max_bugs, on_bug=lambda bug: _bugs().record_bug(
                              bug, s=s, prop=self.prop, adapter=self.adapter, journal_write=journal,
                              origin=_origin(self.adapter, s)))
+            outcome, note = self.adapter.classify(self.prop.name, None)
+            if outcome == "xpass":  # pytest's strict xfail marker (collection) fails the test: XPASS(strict)
+                info.update(outcome="xpass", status="xpass", message=f"XPASS(strict): {note}")
         except AssertionError as e:
             msg = str(e)
             fail = state["last_fail"] or {}
@@ -538,16 +546,12 @@ class PropertyItem(pytest.Item):
                     msg += f"\nreplay: {info['repro']}"
             except Exception as se:  # noqa: BLE001 - the failure matters more than its saving
                 msg += f"\n(could not save the case: {type(se).__name__}: {se})"
+            outcome, note = self.adapter.classify(self.prop.name, msg)  # the adapter's one classifier
+            if outcome == "failed" and note:  # a declared finding narrower than this failure: new, said so
+                msg += "\n" + note
             info["message"] = msg
-            known = self.adapter.known_failures.get(self.prop.name)
-            pattern = self.adapter.known_patterns.get(self.prop.name)
-            if known and pattern is not None and not re.search(pattern, msg):
-                # the declared finding is narrower than this failure: a new failure, said so
-                msg += (f"\nnote: {self.adapter.name} declares a known finding for {self.prop.name} ({known}), but "
-                        f"this failure does not match it (/{pattern}/): it is a new failure")
-                info["message"] = msg
-                known = None
-            if known:  # a documented finding: reported, not a new failure (XPASS once it is fixed)
+            known = note if outcome == "known" else None
+            if known:  # a documented finding: reported, not a new failure (a strict XPASS once it is fixed)
                 info.update(outcome="known", status="known", message=f"known finding: {known}\n{msg}")
                 pytest.xfail(f"known finding: {known}")
             _record().store_evidence(s.runner, self.adapter, fail, info.get("case_file"))
@@ -628,6 +632,9 @@ def pytest_collection_modifyitems(session, config, items):
                 why = why or p.skip_reason(a)
             if why:
                 item.add_marker(pytest.mark.skip(reason=why))
+            elif a.known_failures.get(p.name):  # declared: a pass must surface (strict XPASS), so it gets removed
+                item.add_marker(pytest.mark.xfail(strict=True, raises=KnownFinding,
+                                                  reason=f"known finding: {a.known_failures[p.name]}"))
             new.append(item)
     if s.only:
         items[:] = new
@@ -686,7 +693,8 @@ class _Reporter:
                     cells.append("-".ljust(20))
                     continue
                 o = i["outcome"]
-                cell = {"passed": "ok", "failed": "FAIL", "skipped": "skip", "error": "ERROR", "known": "known"}.get(o, o)
+                cell = {"passed": "ok", "failed": "FAIL", "skipped": "skip", "error": "ERROR", "known": "known",
+                        "xpass": "XPASS"}.get(o, o)
                 if o in ("passed", "failed"):
                     cell += f" {i.get('examples', 0)}ex {i.get('seconds', 0):.1f}s"
                 if i.get("status") in ("crashed", "timeout"):
@@ -696,6 +704,8 @@ class _Reporter:
         for i in rows.values():
             if i.get("repro"):
                 tr.write_line(f"{i['property']}[{i['adapter']}]: {i['repro']}")
+            if i.get("outcome") == "xpass":
+                tr.write_line(f"{i['property']}[{i['adapter']}]: {i.get('message')}")
         unisolated = sum(int(i.get("judged_in_process") or 0) for i in rows.values())
         if unisolated:
             tr.write_line(f"WARNING: {unisolated} example(s) were judged in the process that drives the run, without "
@@ -750,7 +760,8 @@ def pytest_runtest_makereport(item, call):
         return
     report = outcome.get_result()
     info = next((v for k, v in reversed(item.user_properties) if k == "attnverify"), None)
-    if report.failed and info is not None and getattr(item.config.option, "htmlpath", None):
+    if (report.failed and info is not None and info.get("outcome") != "xpass"
+            and getattr(item.config.option, "htmlpath", None)):
         item.attnverify_result = {"adapter": info.get("adapter"), "property": info.get("property"),
                                   "result": {"status": info.get("status") or "failed"},
                                   "case_file": info.get("case_file")}

@@ -23,6 +23,8 @@ from attnverify.properties._contract import (
 from attnverify.properties.driver import PropertySkipped, run_property
 from attnverify.spec import Output
 
+from _judged import judged
+
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 CUDA = torch.cuda.is_available()
@@ -337,12 +339,8 @@ def test_dout_scribbling_is_missed_by_a_sum_backward(tmp_path):
 
 OURS = [p.name for p in CONTRACT_PROPERTIES] + ["inputs_unmodified"]
 
-# Findings about the adapters / backends, not about the properties (reported to their owners).
-KNOWN = {
-    ("sdpa-flash", "contract"): "torch 2.13 CPU SDPA FLASH computes with k and v of different lengths instead of raising",
-    ("naive", "no_out_of_bounds"): "naive's varlen path is a dense masked matmul: NaN in another segment's V "
-                                   "reaches the output through 0 x NaN",
-}
+# Findings about the adapters / backends are declared on the adapter (known_failures) and judged by its
+# classifier (tests/_judged.py).
 
 
 @pytest.mark.parametrize("prop", OURS)
@@ -352,12 +350,7 @@ def test_correct_adapters_hold(name, prop, tmp_path):
     p = get_property(prop)
     if p.skip_reason(a):
         pytest.skip(p.skip_reason(a))
-    try:
-        _run(prop, a, tmp_path, max_examples=5, use_corpus=False)
-    except AssertionError:
-        if (name, prop) in KNOWN:
-            pytest.xfail(KNOWN[(name, prop)])
-        raise
+    judged(a, prop, lambda: _run(prop, a, tmp_path, max_examples=5, use_corpus=False))
 
 
 @pytest.mark.slow
@@ -368,12 +361,7 @@ def test_correct_adapters_hold_with_corpus(name, prop, tmp_path):
     p = get_property(prop)
     if p.skip_reason(a):
         pytest.skip(p.skip_reason(a))
-    try:
-        _run(prop, a, tmp_path)
-    except AssertionError:
-        if (name, prop) in KNOWN:
-            pytest.xfail(KNOWN[(name, prop)])
-        raise
+    judged(a, prop, lambda: _run(prop, a, tmp_path))
 
 
 def test_finding_sdpa_flash_cpu_accepts_kv_length_mismatch():

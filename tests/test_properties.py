@@ -10,15 +10,10 @@ from attnverify.properties import PROPERTIES, get_property
 from attnverify.properties.driver import PropertySkipped, run_property
 from attnverify.properties.profiles import hypothesis_settings
 
+from _judged import judged
 from wrong_impls import WRONG, _mk
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-def _known(adapter, prop):
-    """A failure of a correct adapter that is a documented finding about the backend (declared on the
-    adapter as known_failures; docs/tolerances.md). Non-strict: a short search may not reach it."""
-    return get(adapter).known_failures.get(prop)
-
 
 def test_property_names_and_lookup():
     names = [p.name for p in PROPERTIES]
@@ -52,12 +47,9 @@ def _run_correct(adapter, prop, max_examples):
     p = get_property(prop)
     if p.skip_reason(a):
         pytest.skip(p.skip_reason(a))
-    try:
-        run_property(p, a, profile="ci", seed=0, max_examples=max_examples, database=None, report_dir="reports/test")
-    except AssertionError:
-        if _known(adapter, prop):
-            pytest.xfail(_known(adapter, prop))
-        raise
+    # a failure that is a documented finding about the backend is declared on the adapter (known_failures)
+    judged(a, prop, lambda: run_property(p, a, profile="ci", seed=0, max_examples=max_examples, database=None,
+                                         report_dir="reports/test"))
 
 
 @pytest.mark.parametrize("prop", [p.name for p in PROPERTIES])

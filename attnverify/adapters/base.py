@@ -169,6 +169,34 @@ class Adapter:
             return f"no device among its claimed devices {self.claims.devices} is present here"
         return None
 
+    def known_finding(self, prop: str, message: str) -> Optional[str]:
+        """The declared reason when this failure of `prop` (its message) is a declared known finding, else
+        None (a new failure): declared for `prop`, and its `match`, if any, found in the message (re.search)."""
+        why = self.known_failures.get(prop)
+        pattern = self.known_patterns.get(prop)
+        if why and (pattern is None or re.search(pattern, message or "")):
+            return why
+        return None
+
+    def classify(self, prop: str, message: Optional[str]) -> Tuple[str, str]:
+        """The one classifier of a property's result for this adapter (plugin, CLI and tests):
+        `message` None for a pass, else the failure's text. Returns (outcome, note):
+        "passed"; "xpass" (a declared finding did not reproduce: remove it from known_failures);
+        "known" (note: the declared reason); "failed" (note: why a declaration did not cover it, or "")."""
+        why = self.known_failures.get(prop)
+        if message is None:
+            if why:
+                return "xpass", (f"{self.name} declares a known finding for {prop} ({why}), but it did not reproduce: "
+                                 f"if it is fixed, remove it from known_failures")
+            return "passed", ""
+        known = self.known_finding(prop, message)
+        if known:
+            return "known", known
+        if why:
+            return "failed", (f"note: {self.name} declares a known finding for {prop} ({why}), but this failure does "
+                              f"not match it (/{self.known_patterns.get(prop)}/): it is a new failure")
+        return "failed", ""
+
     def run_device(self, preference: str = "auto") -> str:
         """The device cases for this adapter are made on: cuda when claimed and present (auto)."""
         if preference not in ("auto", "cpu", "cuda"):
@@ -199,9 +227,23 @@ def validate_known_failures(name: str, known) -> Tuple[Dict[str, str], Dict[str,
         return {}, {}
     if not isinstance(known, dict) or not all(isinstance(k, str) for k in known):
         raise TypeError(usage)
+    if known:
+        from ..properties import PROPERTIES  # lazily: the properties import this module
+
+        names = [p.name for p in PROPERTIES]
+        for prop in known:
+            if prop not in names:
+                raise ValueError(f"attnverify.adapter({name!r}, known_failures={{{prop!r}: ...}}): unknown property "
+                                 f"{prop!r}; use a property name: {', '.join(names)}")
     reasons, patterns = {}, {}
     for prop, v in known.items():
-        if isinstance(v, dict) and set(v) <= {"why", "match"} and "why" in v:
+        if isinstance(v, dict):
+            extra = sorted(set(v) - {"why", "match"})
+            if extra or "why" not in v:
+                raise TypeError(f"attnverify.adapter({name!r}, known_failures[{prop!r}]={v!r}): "
+                                + (f"unknown key(s) {extra}" if extra else "no 'why'")
+                                + "; give {'why': the reason and its evidence, 'match': an optional regular "
+                                  "expression the failure's message must match}")
             why, pattern = v["why"], v.get("match")
         else:
             why, pattern = v, None

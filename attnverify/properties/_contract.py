@@ -1049,9 +1049,23 @@ class MemoryScaling(Property):
     def skip_reason(self, adapter):
         if adapter.claims.memory != "linear":
             return f"{adapter.name} does not claim memory='linear'"
-        return None
+        try:
+            dev = adapter.run_device("auto")
+        except ValueError:
+            return None
+        return None if self._configs(adapter, dev) else self._why_none(adapter, dev)
+
+    def _why_none(self, adapter, device) -> str:
+        from ._memory_configs import why_no_config
+
+        return why_no_config(adapter, adapter.run_device(device))
 
     def _configs(self, adapter, device) -> List[dict]:
+        from ._memory_configs import claimed_configs
+
+        return claimed_configs(self._all_configs(adapter, device), adapter)
+
+    def _all_configs(self, adapter, device) -> List[dict]:
         c = adapter.claims
         dev = adapter.run_device(device)
         order = ("bfloat16", "float16", "float32") if dev == "cuda" else ("float32", "bfloat16", "float16")
@@ -1074,7 +1088,12 @@ class MemoryScaling(Property):
         return out
 
     def strategy(self, adapter, profile, device):
-        return st.sampled_from(self._configs(adapter, device))
+        configs = self._configs(adapter, device)
+        if not configs:
+            from .driver import PropertySkipped
+
+            raise PropertySkipped(self._why_none(adapter, device))
+        return st.sampled_from(configs)
 
     def examples(self, adapter, profile, device):
         if self.skip_reason(adapter):

@@ -24,6 +24,7 @@ from ..strategies import attention_cases, corpus, fully_masked_row_count
 from ..tolerances import tolerance_for, unit_roundoff
 from ..check import magnitudes, score_bound
 from ..verdicts import bitwise_difference, compare_pairs, comparison_verdict, severity
+from ._within import Refused, ensure_claimed, first_row_seeing_every_key, none_first
 from .base import ExampleResult, Property
 
 
@@ -86,6 +87,9 @@ class CaseProperty(Property):
                 res.seconds = time.perf_counter() - t0
                 return res
             res = self.judge(adapter, case, {k: v for k, v in drawn.items() if k != "recipe"})
+        except Refused as e:  # a call the property derived from the case is one the adapter does not claim
+            res = ExampleResult(True, f"not claimed (a call {self.name} derives from the case): {e}",
+                                status="skipped", case=case.to_dict())
         except Exception as e:
             tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-6:])
             res = ExampleResult(False, message=f"{self.name}: the property raised {type(e).__name__}: {e}\n{tb}",
@@ -209,16 +213,37 @@ class CausalAlignment(CaseProperty):
 class NonfiniteInputsPropagate(CaseProperty):
     name = "nonfinite_inputs_propagate"
     doc = ("NaN/Inf in a visible input makes exactly the rows the reference makes non-finite non-finite; "
-           "every other row still matches.")
-    case_kwargs = dict(dropout=False, poison=True, attn_mask=False, window=False, varlen=False, causal=("none",),
-                       fully_masked=False)
+           "every other row still matches. Non-causal where claimed; under causal masking a poisoned key or "
+           "value is the first one, which every row sees.")
+    case_kwargs = dict(dropout=False, poison=True, attn_mask=False, window=False, varlen=False, fully_masked=False)
+
+    def kwargs(self, adapter):
+        return {**self.case_kwargs, "causal": none_first(adapter)}
+
+    def strategy(self, adapter, profile, device):
+        return super().strategy(adapter, profile, device).map(self._visible)
+
+    @staticmethod
+    def _visible(drawn):
+        """Under causal masking a poisoned key/value moves to position 0: every row sees it (a key no row
+        sees is a question of masking, not of propagation)."""
+        r = drawn["recipe"]
+        if r.get("causal", "none") == "none" or not r.get("poison"):
+            return drawn
+        poison = [list(p) for p in r["poison"]]
+        for p in poison:
+            if p[0] in ("k", "v"):
+                p[3] = 0
+        return {**drawn, "recipe": {**r, "poison": [tuple(p) for p in poison]}}
 
     def adapt(self, adapter, r):
-        if r.causal != "none" or r.mask != "none" or r.key_block is not None or r.window is not None \
-                or r.seqlens_q is not None or r.len_q == 0 or r.len_k == 0:
+        if r.causal not in none_first(adapter) or r.mask != "none" or r.key_block is not None \
+                or r.window is not None or r.seqlens_q is not None or r.len_q == 0 or r.len_k == 0 \
+                or fully_masked_row_count(r):  # as drawn cases (fully_masked=False): every row sees a key
             return None
+        last_k = r.len_k - 1 if r.causal == "none" else 0
         which = ("q", 0, 0, r.len_q - 1, 0, "nan") if r.seed % 3 == 0 else (
-            ("k", 0, 0, r.len_k - 1, 0, "inf") if r.seed % 3 == 1 else ("v", 0, 0, 0, 0, "-inf"))
+            ("k", 0, 0, last_k, 0, "inf") if r.seed % 3 == 1 else ("v", 0, 0, 0, 0, "-inf"))
         return dataclasses.replace(r, poison=(which,))
 
     def judge(self, adapter, case, params):
@@ -262,7 +287,9 @@ class NonfiniteInputsPropagate(CaseProperty):
 # metamorphic: the adapter against itself; the bound widened by what `naive` does under the same change
 
 def _call(adapter, q, k, v, spec, *, backward=False, gen_seed=0):
-    """Run an adapter; return {"out", "lse"?, "dq", "dk", "dv"?} as detached tensors."""
+    """Run an adapter; return {"out", "lse"?, "dq", "dk", "dv"?} as detached tensors. Raises Refused when
+    the adapter does not claim the call (a metamorphic property's derived inputs)."""
+    ensure_claimed(adapter, q, k, v, spec)
     if backward:
         q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     with torch.enable_grad() if backward else torch.no_grad():
@@ -320,8 +347,20 @@ def _slice_spec_tensor(t, dims_idx: Dict[int, slice]):
 
 class KvPermutationInvariance(MetamorphicProperty):
     name = "kv_permutation_invariance"
-    doc = "Permuting keys and values jointly (no position-dependent masking) leaves the output unchanged."
-    case_kwargs = dict(dropout=False, poison=False, causal=("none",), window=False, alibi=False, varlen=False)
+    doc = ("Permuting keys and values jointly (no position-dependent masking) leaves the output unchanged; "
+           "under causal masking (an adapter that claims only causal), the rows that see every key.")
+    case_kwargs = dict(dropout=False, poison=False, window=False, alibi=False, varlen=False)
+
+    def kwargs(self, adapter):
+        return {**self.case_kwargs, "causal": none_first(adapter)}
+
+    def skip_reason(self, adapter):
+        if adapter.claims.max_seqlen < 2:
+            return f"{adapter.name} claims max_seqlen={adapter.claims.max_seqlen}: one key has no permutation"
+        return super().skip_reason(adapter)
+
+    def keep(self, r):  # a causal case must have a row that sees every key (top-left: Lq >= Lk)
+        return first_row_seeing_every_key(r.len_q, r.len_k, r.causal) is not None
 
     def params(self, adapter):
         return st.fixed_dictionaries({"perm_seed": st.integers(0, 2**16)})
@@ -330,12 +369,12 @@ class KvPermutationInvariance(MetamorphicProperty):
         return {"perm_seed": 1}
 
     def adapt(self, adapter, r):
-        if r.causal != "none" or r.window is not None or r.alibi or r.seqlens_q is not None:
+        if r.causal not in none_first(adapter) or r.window is not None or r.alibi or r.seqlens_q is not None:
             return None
         return r
 
     def pairs(self, adapter, case, params):
-        lk = case.k.shape[2]
+        lq, lk = case.q.shape[2], case.k.shape[2]
         g = torch.Generator().manual_seed(int(params.get("perm_seed", 0)))
         perm = torch.randperm(lk, generator=g).to(case.k.device)
         s = case.spec
@@ -344,7 +383,9 @@ class KvPermutationInvariance(MetamorphicProperty):
             m = m[..., perm]
         a = _call(adapter, case.q, case.k, case.v, s)
         b = _call(adapter, case.q, case.k[:, :, perm], case.v[:, :, perm], s.replace(attn_mask=m))
-        return {n: (b[n], a[n]) for n in a}
+        # under causal masking only the rows that see every key are invariant (the last row at least)
+        r0 = first_row_seeing_every_key(lq, lk, s.causal) or 0
+        return {n: (b[n][:, :, r0:], a[n][:, :, r0:]) for n in a}
 
 
 class BatchHeadIndependence(MetamorphicProperty):
@@ -547,7 +588,10 @@ class Dropout(CaseProperty):
            "returned, else binomial tests of the kept count; the same seed repeats, another seed differs.")
     needs = ("dropout",)
     case_kwargs = dict(dropout=True, poison=False, attn_mask=False, window=False, alibi=False, varlen=False,
-                       causal=("none",), extreme_values=False, softcap=False)
+                       extreme_values=False, softcap=False, fully_masked=False)
+
+    def kwargs(self, adapter):  # under causal masking each row counts the keys it sees
+        return {**self.case_kwargs, "causal": none_first(adapter)}
 
     def keep(self, r):
         return r.batch * r.heads_q * r.len_q * r.len_k >= 64
@@ -578,9 +622,14 @@ class Dropout(CaseProperty):
             if not res.passed:
                 problems.append(res.message())
                 sev = res.severity()
+        from ..reference import visible_counts
+
         lk = case.k.shape[2]
-        kept = out1.double().cpu()[..., 0] * lk * (1 - p)  # per row: the number of kept keys, estimated
-        n_rows = kept.numel()
+        seen = visible_counts(case.q.shape[2], lk, s.replace(dropout_p=0.0), case.q.shape[0], case.q.shape[1])
+        live = seen > 0
+        # per row: the number of kept keys, estimated (uniform attention: every visible key weighs 1/seen)
+        kept = (out1.double().cpu()[..., 0] * seen * (1 - p))[live]
+        n_keys = int(seen.sum())
         if not torch.isfinite(kept).all():
             problems.append("non-finite output under dropout with finite inputs")
         else:
@@ -596,7 +645,7 @@ class Dropout(CaseProperty):
                                 f"{float(kept.flatten()[0]):.4f} ... are not whole numbers (off by up to {resid:.3g}; "
                                 f"rounding allows {row_tol:.3g})")
             est = float(kept.sum())
-            trials = n_rows * lk
+            trials = n_keys
             if row_tol < 0.5:  # every row's count is known exactly: no slack
                 lo = hi = min(max(int(kept.round().sum()), 0), trials)
             else:  # the most plausible total among those the rounded outputs allow
@@ -612,7 +661,7 @@ class Dropout(CaseProperty):
         if not _same(r1, r2):
             problems.append("the same seed gave a different result")
         # two independent masks agree with probability (p^2 + (1-p)^2)^(elements): judge only where negligible
-        if (p * p + (1 - p) ** 2) ** (n_rows * lk) < 1e-6 and _same(r1, r3):
+        if (p * p + (1 - p) ** 2) ** n_keys < 1e-6 and _same(r1, r3):
             problems.append("a different seed gave the identical result")
         msg = "" if not problems else "\n".join([f"[{adapter.name}] dropout p={p}: {case.describe()}"] + problems)
         return ExampleResult(not problems, msg, severity=min(sev, 1e30) if problems else min(sev, 0.99),

@@ -49,6 +49,7 @@ class PropertyRun:
     seconds: float = 0.0
     max_severity: float = 0.0
     statuses: dict = field(default_factory=dict)
+    last_skip: str = ""  # the message of the last example turned down when judged
 
 
 def default_runner(prop: Property, adapter, drawn) -> ExampleResult:
@@ -121,6 +122,11 @@ def run_property(
     if bugs:
         raise PropertyFailed(_failures_text(prop, adapter, bugs, profile), bugs)
     run.seconds = time.perf_counter() - t0
+    if run.statuses and set(run.statuses) <= {"skipped", "generation_refused"}:
+        # every example was turned down when judged (the real case, or a call derived from it): nothing judged
+        first = (run.last_skip or "").strip().splitlines()[:1]
+        raise PropertySkipped(f"{adapter.name}: none of the {run.examples} case(s) {prop.name} drew could be judged: "
+                              + (first[0] if first else "refused"))
     return run
 
 
@@ -151,6 +157,9 @@ def _search(excluded, round_i, *, prop, adapter, profile, seed, max_examples, de
     def fresh(drawn) -> bool:
         return not any(matches(n, drawn.get("recipe") if isinstance(drawn, dict) else None) for n in excluded)
 
+    from ..strategies import forget_refusal
+
+    forget_refusal(adapter.name)  # a skip below says why *this* property's draws were refused
     st_ = prop.strategy(adapter, profile, device)
     if excluded:
         st_ = st_.filter(fresh)  # its own database key below, so a stored failure of this round replays
@@ -187,6 +196,8 @@ def _search(excluded, round_i, *, prop, adapter, profile, seed, max_examples, de
             journal({"event": "result", "property": prop.name, "adapter": adapter.name, "profile": profile,
                      "index": idx, **res.to_dict()})
         run.statuses[res.status] = run.statuses.get(res.status, 0) + 1
+        if res.status == "skipped":
+            state["skip"] = run.last_skip = res.message
         sev = float(res.severity) if res.severity == res.severity else 1e30
         sev = min(sev, 1e30) if math.isfinite(sev) else 1e30
         run.max_severity = max(run.max_severity, sev)
@@ -230,7 +241,8 @@ def _search(excluded, round_i, *, prop, adapter, profile, seed, max_examples, de
             # causal_alignment, which needs causal with Lq != Lk): nothing to judge, so a skip that says why
             from ..strategies import last_refusal
 
-            why = last_refusal(adapter.name) or str(e).splitlines()[0]
+            why = last_refusal(adapter.name) or (
+                f"no draw satisfies what the property needs within the claims ({adapter.claims.summary()})")
             raise PropertySkipped(f"{adapter.name} accepts none of the cases {prop.name} draws: {why}") from None
         # the @example corpus was judged and passed; generation found nothing else the adapter accepts
         run.statuses["generation_refused"] = 1

@@ -53,7 +53,10 @@ def hypothesis_settings(profile: str = DEFAULT_PROFILE, *, max_examples: Optiona
     """The settings one property run uses: the profile's, with overrides."""
     if profile not in PROFILES:
         raise ValueError(f"profile={profile!r} must be one of {PROFILE_NAMES}")
-    register_profiles()
+    try:
+        settings.get_profile(f"attnverify-{profile}")
+    except Exception:  # noqa: BLE001 - not registered yet (registering again inside a running test warns)
+        register_profiles()
     kw = {}
     if max_examples is not None:
         if max_examples < 1:

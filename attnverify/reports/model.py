@@ -14,7 +14,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..journal import dangling_cases, describe_recipe, last_run, read_journal
 from .bugs import bug_section
 
-ORDER = ("crashed", "timeout", "error", "failed", "known", "passed", "skipped", "not run")  # worst first; known = a documented finding (xfail)
+# worst first; known = a documented finding (xfail); xpass = a declared finding that did not reproduce (strict)
+ORDER = ("crashed", "timeout", "error", "failed", "xpass", "known", "passed", "skipped", "not run")
 MANIFEST = "merged.json"
 
 
@@ -24,8 +25,8 @@ def safe_id(x: Any) -> str:
 
 
 def worst(a: str, b: str) -> str:
-    ia = ORDER.index(a) if a in ORDER else 3
-    ib = ORDER.index(b) if b in ORDER else 3
+    ia = ORDER.index(a) if a in ORDER else 4
+    ib = ORDER.index(b) if b in ORDER else 4
     return a if ia <= ib else b
 
 

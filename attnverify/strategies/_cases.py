@@ -35,6 +35,11 @@ def last_refusal(adapter_name: str) -> Optional[str]:
     return _LAST_REFUSAL.get(adapter_name)
 
 
+def forget_refusal(adapter_name: str) -> None:
+    """Clear the record, so that a later skip says why *this* property's draws were refused."""
+    _LAST_REFUSAL.pop(adapter_name, None)
+
+
 @dataclass(frozen=True)
 class _Cfg:
     adapter: Any

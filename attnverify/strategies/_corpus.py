@@ -80,6 +80,8 @@ def _bend(r: CaseRecipe, adapter, device: str, limits) -> Optional[CaseRecipe]:
                 break
         else:
             return None
+    if r.causal not in c.causal:  # an adapter that claims only causal (or only non-causal) still gets the case
+        kw["causal"] = next(m for m in ("bottom_right", "top_left", "none") if m in c.causal)
     if r.heads_q != r.heads_kv and not c.gqa:
         kw["heads_kv"] = r.heads_q
     kw["device"] = device

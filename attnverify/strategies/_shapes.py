@@ -43,9 +43,12 @@ def seqlens(*, min_len: int = 1, max_len: int, tiles: Optional[Sequence[int]] = 
 def head_dim_candidates(claims, profile_dims: Sequence[int]) -> Tuple[int, ...]:
     """Head dims the adapter claims, in the profile's order (simplest first); exact claims beyond it added."""
     out = [d for d in profile_dims if claims.head_dim_ok(d)]
+    cap = max(profile_dims)
     if not callable(claims.head_dims):
-        cap = max(profile_dims)
         out += sorted(d for d in claims.head_dims if d not in out and d <= cap)
+        out = out or [min(claims.head_dims)]  # only dims above the profile's: the smallest claimed one
+    elif not out:  # a predicate none of the profile's dims passes (d % 48 == 0): the smallest it accepts
+        out = [d for d in range(1, cap + 1) if claims.head_dim_ok(d)][:3]
     return tuple(out)
 
 

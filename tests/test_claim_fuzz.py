@@ -1,0 +1,130 @@
+"""The suite fuzzes its own claim handling (issue 18): claim sets drawn over every keyword of
+@av.adapter, a correct implementation that raises on anything unclaimed, every property with a small
+budget: no error, no failure, skips that say why; the same claim sets on wrong implementations still fail
+where their property runs. A fast slice here, a wide one marked slow."""
+import pytest
+
+from attnverify.case import CaseRecipe, build_case
+from attnverify.properties import PROPERTIES, get_property
+from attnverify.zoo.claimsets import (BUGS, UnclaimedCall, claim_sets, describe, fuzz_claims, run_claim_set,
+                                      strict_adapter, wrong_problems)
+
+from _old_claim_handling import OldKvPermutationInvariance, OldNonfiniteInputsPropagate
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+CPU_PROPERTIES = [p for p in PROPERTIES if p.name not in ("non_default_stream", "cuda_graph_replay")]
+
+
+@pytest.mark.parametrize("shard", range(4))
+def test_claim_sets_fast_slice_no_error_no_false_failure(shard, tmp_path):
+    problems = fuzz_claims(CPU_PROPERTIES, seed=1000 + shard, n=2, max_examples=3, report_dir=str(tmp_path))
+    assert not problems, "\n\n".join(problems)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shard", range(8))
+def test_claim_sets_wide_slice_no_error_no_false_failure(shard, tmp_path):
+    problems = fuzz_claims(PROPERTIES, seed=2000 + shard, n=3, max_examples=5, wide=True, report_dir=str(tmp_path))
+    assert not problems, "\n\n".join(problems)
+
+
+@pytest.mark.parametrize("bug", ["scale_twice", "inplace_q_prescale", "causal_top_left", "fm_nan"])
+def test_the_same_claim_sets_on_a_wrong_implementation_still_fail(bug, tmp_path):
+    caught = []
+    problems = fuzz_claims([get_property(BUGS[bug])], seed=3000, n=6, max_examples=10, bug=bug,
+                           check=wrong_problems(bug, caught), report_dir=str(tmp_path))
+    assert not problems, "\n\n".join(problems)
+    assert caught, f"no drawn claim set let {BUGS[bug]} run on {bug}: the check proved nothing"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_wide_claim_sets_on_a_wrong_implementation_still_fail(bug, tmp_path):
+    caught = []
+    problems = fuzz_claims([get_property(BUGS[bug])], seed=4000, n=15, max_examples=20, bug=bug, wide=True,
+                           check=wrong_problems(bug, caught), report_dir=str(tmp_path))
+    assert not problems, "\n\n".join(problems)
+    assert caught
+
+
+def test_the_fuzz_finds_the_causal_only_error_of_the_old_properties(tmp_path):
+    """Before issue 18 both properties forced causal=('none',): InvalidArgument for causal-only adapters
+    (tests/_old_claim_handling.py keeps them verbatim). The fuzz, with the fast slice's settings, finds it."""
+    old = [OldKvPermutationInvariance(), OldNonfiniteInputsPropagate()]
+    problems = fuzz_claims(old, seed=1000, n=8, max_examples=2, report_dir=str(tmp_path))
+    hits = [p for p in problems if "InvalidArgument: causal=('none',)" in p and "claims only causal=" in p]
+    assert hits, problems
+    assert {"kv_permutation_invariance", "nonfinite_inputs_propagate"} <= {p.split(":")[0] for p in hits}
+    assert any('"causal": ["top_left"]' in p or '"causal": ["bottom_right"]' in p for p in hits)
+    # the same claim sets pass with the properties of today
+    for p in hits[:2]:
+        desc = eval(p.split("claim set: ")[1].replace("true", "True").replace("false", "False").replace("null", "None"))
+        rows = run_claim_set(desc, [get_property("kv_permutation_invariance"), get_property("nonfinite_inputs_propagate")],
+                             max_examples=3, report_dir=str(tmp_path))
+        assert all(r["outcome"] in ("passed", "skipped", "xpass") for r in rows), rows
+
+
+def test_the_strict_wrapper_raises_on_anything_unclaimed():
+    desc = {"dtypes": ["bfloat16"], "devices": ["cpu"], "head_dims": [48], "max_seqlen": 32, "causal": ["top_left"],
+            "window": False, "softcap": False, "alibi": False, "attn_mask": False, "gqa": False, "varlen": False,
+            "dropout": False, "backward": False, "lse": False, "dv_ne_d": False, "deterministic": False,
+            "fully_masked": "unsupported", "tiles": None, "memory": "quadratic", "refuses": "odd_length", "known": None}
+    a = strict_adapter(desc)
+    ok = build_case(CaseRecipe(len_q=8, len_k=8, head_dim=48, dtype="bfloat16", causal="top_left"))
+    assert a(ok.q, ok.k, ok.v, ok.spec).out.shape == (1, 1, 8, 48)
+    for kw in (dict(dtype="float32"), dict(head_dim=32), dict(causal="none"), dict(len_q=9), dict(len_k=40, len_q=40)):
+        c = build_case(CaseRecipe(**{**dict(len_q=8, len_k=8, head_dim=48, dtype="bfloat16", causal="top_left"), **kw}))
+        with pytest.raises(UnclaimedCall, match="called outside its claims"):
+            a(c.q, c.k, c.v, c.spec)
+
+
+def test_claim_sets_cover_every_keyword_of_adapter():
+    """Every keyword of @av.adapter's claims is drawn, with the values the issue lists."""
+    import dataclasses
+
+    from hypothesis import HealthCheck, given, settings
+
+    from attnverify.adapters.base import Claims
+
+    seen = []
+
+    @settings(max_examples=300, database=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(claim_sets(wide=True))
+    def collect(desc):
+        seen.append(desc)
+
+    collect()
+    keys = set().union(*seen)
+    assert {f.name for f in dataclasses.fields(Claims)} <= keys | {"head_dims"}
+    assert {"refuses", "known"} <= keys
+    assert any(d["dtypes"] == ["float16"] for d in seen) and any(d["dtypes"] == ["bfloat16"] for d in seen)
+    assert any(isinstance(d["head_dims"], list) and len(d["head_dims"]) == 1 for d in seen)
+    assert any(isinstance(d["head_dims"], str) for d in seen)
+    assert any(d["max_seqlen"] == 1 for d in seen) and any(d["max_seqlen"] <= 64 for d in seen)
+    assert any(d["causal"] == ["bottom_right"] for d in seen) and any(d["causal"] == ["top_left"] for d in seen)
+    assert any("none" not in d["causal"] and len(d["causal"]) == 2 for d in seen)
+    for f in ("window", "softcap", "alibi", "attn_mask", "gqa", "varlen", "dropout", "backward", "lse", "dv_ne_d",
+              "deterministic"):
+        assert {d[f] for d in seen} == {True, False}, f
+    assert {d["fully_masked"] for d in seen} == {"zeros", "nan", "unsupported"}
+    assert {d["memory"] for d in seen} == {"quadratic", "linear"}
+    assert any(d["tiles"] for d in seen) and any(d["tiles"] is None for d in seen)
+    assert {d["refuses"] for d in seen} >= {"odd_length", "head_dim_above_32", "bottom_right_lq_gt_lk", "unaligned_pointer"}
+    assert any(d["known"] and d["known"]["match"] for d in seen) and any(d["known"] and not d["known"]["match"] for d in seen)
+    assert describe(seen[0])
+
+
+def test_a_property_whose_draws_are_all_refused_skips_with_the_reason(tmp_path):
+    """The Unsatisfiable path: an adapter whose `refuses` turns down every case (corpus and generation)."""
+    import attnverify as av
+    from attnverify.adapters.naive import naive_attention
+    from attnverify.properties.driver import PropertySkipped, run_property
+
+    a = av.adapter("refuses-all", register=False, causal=("top_left",),
+                   refuses=lambda case: "refuses every shape (fixture)")(naive_attention)
+    for name in ("forward_matches_reference", "kv_permutation_invariance", "nonfinite_inputs_propagate"):
+        p = get_property(name)
+        with pytest.raises(PropertySkipped) as ei:
+            run_property(p, a, profile="ci", seed=0, max_examples=3, database=None, report_dir=str(tmp_path))
+        assert "refuses every shape (fixture)" in str(ei.value) and "\n" not in str(ei.value), (p.name, str(ei.value))
