@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from ..strategies import attention_cases
 from .serving import CacheProperty, judge_pairs, run
 from ._props import CaseProperty
+from ._within import first_row_seeing_every_key, none_first
 
 
 def _serving_kind(adapter) -> Optional[bool]:
@@ -86,18 +87,27 @@ class SplitInvariance(CacheProperty):
 class LseMerge(CaseProperty):
     name = "lse_merge"
     doc = ("Attention over keys K equals the merge of attention over two disjoint key sets K1, K2 weighted by "
-           "exp(LSE_i - logaddexp(LSE_1, LSE_2)), and the LSE is that logaddexp: natural log, scale included.")
+           "exp(LSE_i - logaddexp(LSE_1, LSE_2)), and the LSE is that logaddexp: natural log, scale included. "
+           "Under causal masking (an adapter that claims only causal), the rows that see every key.")
     needs = ("lse",)
-    case_kwargs = dict(dropout=False, poison=False, causal=("none",), window=False, alibi=False, varlen=False,
+    case_kwargs = dict(dropout=False, poison=False, window=False, alibi=False, varlen=False,
                        attn_mask=False, return_lse=True, fully_masked=False)
     cost = 3.0
 
-    def keep(self, r):
-        return r.len_k >= 2
+    def kwargs(self, adapter):
+        return {**self.case_kwargs, "causal": none_first(adapter)}
+
+    def skip_reason(self, adapter):
+        if adapter.claims.max_seqlen < 2:
+            return f"{adapter.name} claims max_seqlen={adapter.claims.max_seqlen}: one key cannot be split in two sets"
+        return super().skip_reason(adapter)
+
+    def keep(self, r):  # a causal case must have a row that sees every key, in the full call and in both halves
+        return r.len_k >= 2 and first_row_seeing_every_key(r.len_q, r.len_k, r.causal) is not None
 
     def adapt(self, adapter, r):
-        if r.causal != "none" or r.window is not None or r.alibi or r.seqlens_q is not None or r.mask != "none" \
-                or r.key_block is not None or r.len_k < 2:
+        if r.causal not in none_first(adapter) or r.window is not None or r.alibi or r.seqlens_q is not None \
+                or r.mask != "none" or r.key_block is not None or not self.keep(r):
             return None
         return dataclasses.replace(r, return_lse=True)
 
@@ -114,6 +124,9 @@ class LseMerge(CaseProperty):
         n1 = 1 + int(torch.randint(0, lk - 1, (1,), generator=g))
         i1, i2 = perm[:n1].sort().values.to(case.k.device), perm[n1:].sort().values.to(case.k.device)
         spec = case.spec.replace(return_lse=True)
+        # a row that sees every key of the full call sees every key of a subset call too (top-left: i >= Lk - 1
+        # >= Lk' - 1; bottom-right: only the last row, which sees every key of any call)
+        r0 = first_row_seeing_every_key(case.q.shape[2], lk, spec.causal) or 0
 
         def pairs(a, c):
             full = run(a, c.q, c.k, c.v, spec)
@@ -125,9 +138,10 @@ class LseMerge(CaseProperty):
             lse = torch.logaddexp(l1, l2)
             w1, w2 = torch.exp(l1 - lse).unsqueeze(-1), torch.exp(l2 - lse).unsqueeze(-1)
             merged = w1 * p1["out"].double().cpu() + w2 * p2["out"].double().cpu()
-            return {"out": (full["out"], merged), "lse": (full["lse"], lse)}
+            return {"out": (full["out"][:, :, r0:], merged[:, :, r0:]), "lse": (full["lse"][:, :, r0:], lse[:, :, r0:])}
 
-        return judge_pairs(self, adapter, case, {**params, "K1 size": n1, "K2 size": lk - n1}, pairs)
+        extra = {"K1 size": n1, "K2 size": lk - n1, **({"rows judged from": r0} if r0 else {})}
+        return judge_pairs(self, adapter, case, {**params, **extra}, pairs)
 
 
 class BatchInvariance(CacheProperty):
