@@ -18,12 +18,16 @@ NO_GPU = pytest.mark.skipif(CUDA, reason="a CUDA-only adapter is available on th
 RARE_BUG = '''
 import torch, attnverify as av
 
+CORPUS_SHAPES = set()
+
 
 @av.adapter("rare-bug", dtypes=("float32",), devices=("cpu",))
 def rare_bug(q, k, v, spec):
     s = (q @ k.transpose(-1, -2)) * spec.resolved_scale(q.shape[-1])
     out = torch.softmax(s, dim=-1) @ v
-    if q.shape[2] > k.shape[2] + 8:  # the planted bug: 9+ more queries than keys zero the last query row
+    # the planted bug: 9+ more queries than keys zero the last query row (never on a corpus shape: the
+    # corpus runs first every time, so only generation may find it)
+    if q.shape[2] > k.shape[2] + 8 and (q.shape[2], k.shape[2]) not in CORPUS_SHAPES:
         out = out.clone()
         out[:, :, -1] = 0
     return out
@@ -66,10 +70,13 @@ def test_two_seeded_runs_replay_the_stored_failure_first(pytester):
     """Run 1 (seed S) finds the rare bug late; run 2 (same seed) tries the stored failure first, right after
     the corpus; run 3 (seed S, database deleted) finds it late again: the seed fixes generation, the
     database makes the difference. Run 4 (another seed) replays it first too."""
-    pytester.makeconftest(RARE_BUG)
     ns: dict = {}
-    exec(compile(RARE_BUG, "rare_bug", "exec"), ns)  # noqa: S102 - the same adapter, to count its corpus
-    corpus = len(get_property("forward_matches_reference").examples(ns["rare_bug"], "ci", "cpu"))
+    exec(compile(RARE_BUG, "rare_bug", "exec"), ns)  # noqa: S102 - the same adapter, to read its corpus
+    cases = list(get_property("forward_matches_reference").examples(ns["rare_bug"], "ci", "cpu"))
+    corpus = len(cases)
+    shapes = {(c["recipe"]["len_q"], c["recipe"]["len_k"]) for c in cases if isinstance(c, dict) and c.get("recipe")}
+    assert shapes, "the corpus examples carry their recipes"
+    pytester.makeconftest(RARE_BUG.replace("CORPUS_SHAPES = set()", f"CORPUS_SHAPES = {shapes!r}"))
     args = ("--adapter=rare-bug", "--attn-profile=ci", "--attn-isolate=none", "-k", "forward_matches_reference",
             "-p", "no:randomly")
     first = pytester.runpytest(*args, "--attn-seed=12345")
