@@ -27,6 +27,9 @@ BUILTINS: Dict[str, str] = {
     "flashinfer": "attnverify.adapters.flashinfer_adapter:flashinfer",
     "jax": "attnverify.adapters.jax_adapter:jax",
     "te": "attnverify.adapters.te_adapter:te",
+    "onnx-attention": "attnverify.adapters.onnxruntime_adapter:onnx_attention",
+    "ort-mha": "attnverify.adapters.onnxruntime_adapter:ort_mha",
+    "ort-gqa": "attnverify.adapters.onnxruntime_adapter:ort_gqa",
 }
 ENTRY_POINT_GROUP = "attnverify.adapters"
 
