@@ -30,6 +30,9 @@ BUILTINS: Dict[str, str] = {
     "onnx-attention": "attnverify.adapters.onnxruntime_adapter:onnx_attention",
     "ort-mha": "attnverify.adapters.onnxruntime_adapter:ort_mha",
     "ort-gqa": "attnverify.adapters.onnxruntime_adapter:ort_gqa",
+    "tinygrad": "attnverify.adapters.tinygrad_adapter:tinygrad",
+    "keras-torch": "attnverify.adapters.keras_adapter:keras_torch",
+    "keras-jax": "attnverify.adapters.keras_adapter:keras_jax",
 }
 ENTRY_POINT_GROUP = "attnverify.adapters"
 
