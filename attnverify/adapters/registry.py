@@ -33,6 +33,8 @@ BUILTINS: Dict[str, str] = {
     "tinygrad": "attnverify.adapters.tinygrad_adapter:tinygrad",
     "keras-torch": "attnverify.adapters.keras_adapter:keras_torch",
     "keras-jax": "attnverify.adapters.keras_adapter:keras_jax",
+    "hf-sdpa": "attnverify.adapters.transformers_adapter:hf_sdpa",
+    "hf-eager": "attnverify.adapters.transformers_adapter:hf_eager",
 }
 ENTRY_POINT_GROUP = "attnverify.adapters"
 
