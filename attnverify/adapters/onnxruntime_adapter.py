@@ -40,7 +40,7 @@ sequence_lengths - 1)"; "When past context is present, sequence_length > 1 requi
 `causal` "Default value is 1" (bottom-right over past + new; 0 for none); `local_window_size`
 "left_window_size for causal local attention" (measured: W keys including the query's own, so SPEC's
 left bound l is W = l + 1; "Must be -1 when causal is 0"); `softcap`; `attention_bias` as for MHA;
-float/float16.
+float/float16; the CPU kernel's "head_size must be a multiple of 8".
 """
 from __future__ import annotations
 
@@ -270,7 +270,8 @@ def _gqa_refuses(case) -> Optional[str]:
     "ort-gqa",
     description="onnxruntime com.microsoft GroupQueryAttention (KV cache) on the CPU execution provider",
     availability=_available, refuses=_gqa_refuses,
-    dtypes=_CONTRIB_DTYPES, devices=("cpu",), head_dims=lambda d: 1 <= d <= 512, max_seqlen=4096,
+    # the CPU kernel: "head_size must be a multiple of 8" (INVALID_ARGUMENT otherwise)
+    dtypes=_CONTRIB_DTYPES, devices=("cpu",), head_dims=lambda d: d % 8 == 0 and 8 <= d <= 512, max_seqlen=4096,
     causal=("none", "bottom_right"), window=True, softcap=True, attn_mask=True, gqa=True, dv_ne_d=False,
     fully_masked="unsupported", deterministic=True,
 )
