@@ -55,6 +55,14 @@ _TORCH_FINDINGS = {
 
 _BACKEND_LIB = {"torch": "torch", "jax": "jax"}
 
+# keras 3.15.1, jax backend (ci profile): k of length 1 and v of length 2 are computed (the key broadcast against the
+# values), though the docstring says "value: The value array with the same shape of `key`" (docs/compatibility.md F29)
+_JAX_FINDINGS = {
+    "contract": {"why": "keras-jax (keras 3.15.1, jax 0.10.2) computes k and v of different lengths (k with Lk = 1 is "
+                        "broadcast against v) instead of raising; the docstring requires value of the key's shape "
+                        "(docs/compatibility.md F29)", "match": DIFFERENT_KV},
+}
+
 
 def _availability(backend: str):
     def check() -> Optional[str]:
@@ -142,7 +150,8 @@ def keras_torch(q, k, v, spec: Spec):
 
 
 @adapter("keras-jax", description="keras.ops.dot_product_attention, jax backend (through numpy)",
-         availability=_availability("jax"), refuses=_refuses, dtypes=_JAX_DTYPES, **_COMMON)
+         availability=_availability("jax"), refuses=_refuses, dtypes=_JAX_DTYPES, known_failures=_JAX_FINDINGS,
+         **_COMMON)
 def keras_jax(q, k, v, spec: Spec):
     """keras.ops.dot_product_attention with KERAS_BACKEND=jax."""
     return _call(q, k, v, spec, "jax", _JAX_DTYPES)
