@@ -35,7 +35,18 @@ from typing import Optional
 import torch
 
 from ..spec import Spec
+from ._findings import DIFFERENT_KV, NAN_Q_ROW_SWALLOWED
 from .base import adapter
+
+# hf-sdpa calls torch's F.scaled_dot_product_attention, which on the CPU picks the flash kernel: its two CPU findings
+# (docs/tolerances.md, declared on sdpa-flash) come through unchanged (ci profile, torch 2.13; docs/compatibility.md)
+_SDPA_FINDINGS = {
+    "nonfinite_inputs_propagate": {"why": "hf-sdpa runs torch SDPA's CPU flash kernel (torch 2.13), which returns "
+                                          "numbers for a query row holding NaN (as sdpa-flash; docs/tolerances.md)",
+                                   "match": NAN_Q_ROW_SWALLOWED},
+    "contract": {"why": "sdpa_attention_forward checks no shapes and torch SDPA's CPU flash kernel (torch 2.13) accepts "
+                        "k and v of different lengths (as sdpa-flash; docs/tolerances.md)", "match": DIFFERENT_KV},
+}
 
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
 # eager: "# upcast attention to fp32" -- softmax(..., dtype=torch.float32).to(query.dtype): float64 inputs get a
@@ -127,7 +138,7 @@ _COMMON = dict(devices=("cpu", "cuda"), head_dims=lambda d: 1 <= d <= 512, max_s
 
 @adapter("hf-sdpa", description="transformers sdpa_attention_forward (ALL_ATTENTION_FUNCTIONS['sdpa'])",
          availability=_available, refuses=_refuses(True), causal=("none", "top_left", "bottom_right"), dtypes=_DTYPES,
-         **_COMMON)
+         known_failures=_SDPA_FINDINGS, **_COMMON)
 def hf_sdpa(q, k, v, spec: Spec):
     """transformers.integrations.sdpa_attention.sdpa_attention_forward."""
     return _call(q, k, v, spec, sdpa=True)
