@@ -16,3 +16,8 @@ NAN_Q_ROW_SWALLOWED = (OUTPUT_RIGHT + r"[\s\S]*the NaN/Inf was swallowed[\s\S]*"
 
 # no_out_of_bounds: a varlen segment's keys/values reached another segment's rows
 VARLEN_LEAK = "varlen segment leak"
+
+# fully_masked_rows: a row with no visible key is not 0 (finite garbage, or NaN in a gradient) while the declared
+# convention is zeros -- judged (no error raised), at least one fully-masked row in the case (SDPA's cuDNN, F26)
+FULLY_MASKED_NOT_ZERO = (r"^(?![\s\S]*(?:\] ERROR:|the property raised))[\s\S]*\b(?:out|dq|dk|dv): MISMATCH[\s\S]*"
+                         r"note: [1-9]\d* fully-masked row\(s\) in this case; declared convention: zeros")

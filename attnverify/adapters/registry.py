@@ -27,6 +27,14 @@ BUILTINS: Dict[str, str] = {
     "flashinfer": "attnverify.adapters.flashinfer_adapter:flashinfer",
     "jax": "attnverify.adapters.jax_adapter:jax",
     "te": "attnverify.adapters.te_adapter:te",
+    "onnx-attention": "attnverify.adapters.onnxruntime_adapter:onnx_attention",
+    "ort-mha": "attnverify.adapters.onnxruntime_adapter:ort_mha",
+    "ort-gqa": "attnverify.adapters.onnxruntime_adapter:ort_gqa",
+    "tinygrad": "attnverify.adapters.tinygrad_adapter:tinygrad",
+    "keras-torch": "attnverify.adapters.keras_adapter:keras_torch",
+    "keras-jax": "attnverify.adapters.keras_adapter:keras_jax",
+    "hf-sdpa": "attnverify.adapters.transformers_adapter:hf_sdpa",
+    "hf-eager": "attnverify.adapters.transformers_adapter:hf_eager",
 }
 ENTRY_POINT_GROUP = "attnverify.adapters"
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..spec import Spec
-from ._findings import DIFFERENT_KV, NAN_Q_ROW_SWALLOWED
+from ._findings import DIFFERENT_KV, FULLY_MASKED_NOT_ZERO, NAN_Q_ROW_SWALLOWED
 from .base import Adapter, Claims, _validate_claims, validate_known_failures
 from .registry import register_adapter
 from ..devices import cuda_present
@@ -34,21 +34,26 @@ _CPU_CLAIMS = {
 }
 
 # Per backend on CUDA, from probe_sdpa.py and calibrate_tolerances.py on the H200 (torch 2.11):
-# flash and cudnn refuse fp32/fp64, masks, Dv != D and causal with Lq != Lk; efficient refuses
-# GQA (enable_gqa) and fp64; cudnn refuses Lk == 1 and gives neither 0 nor NaN on fully-masked
-# rows; PyTorch's own dispatch with a bool mask returns finite garbage on fully-masked rows
-# (fp16/bf16) and NaN dQ, so it claims no convention for them.
+# flash and cudnn refuse fp32/fp64, Dv != D and causal with Lq != Lk, flash masks too; efficient refuses
+# GQA (enable_gqa) and fp64; cudnn refuses Lk == 1. cuDNN gives neither 0 nor NaN on fully-masked rows and
+# PyTorch's own dispatch (cuDNN for fp16/bf16) returns finite garbage there: both claim PyTorch's documented
+# zeros and declare it (F26).
 _CUDA_CLAIMS = {
     # float64: the dispatch runs it on the math backend; the H200 thorough run's `contract` property saw it
     # computed (rel L2 3e-14 from the reference), so it is claimed rather than expected to raise
-    "default": dict(dtypes=("float16", "bfloat16", "float32", "float64"), fully_masked="unsupported"),
+    # fully_masked: PyTorch's stance since 2.5 (pytorch/pytorch#133882, "Changes the stance of SDPA on what to do
+    # for fully masked out rows"): zeros; the dispatch's cuDNN path misbehaves there (declared below)
+    "default": dict(dtypes=("float16", "bfloat16", "float32", "float64")),
     "math": dict(dtypes=("float16", "bfloat16", "float32", "float64")),
     # flash: half types only, no attn_mask, causal only top-left with Lq == Lk (refuses otherwise)
     "flash": dict(dtypes=("float16", "bfloat16"), attn_mask=False, causal=("none", "top_left"),
                   head_dims=lambda d: d % 8 == 0 and d <= 256, dv_ne_d=False, memory="linear"),
     "efficient": dict(dtypes=("float16", "bfloat16", "float32"), gqa=False,
                       head_dims=lambda d: d % 8 == 0 and d <= 256, memory="linear"),
-    "cudnn": dict(dtypes=("float16", "bfloat16"), attn_mask=False, causal=("none", "top_left"), gqa=False,
+    # attn_mask: SDPA documents attn_mask for every backend and the probe (benchmarks/results/probe_sdpa_h200.json)
+    # has cuDNN computing bool and float masks (rel err 2.5e-4 fp16, 2e-3 bf16); its fully-masked rows are
+    # neither 0 nor NaN: declared below (F26)
+    "cudnn": dict(dtypes=("float16", "bfloat16"), attn_mask=True, causal=("none", "top_left"), gqa=False,
                   head_dims=lambda d: d % 8 == 0 and d <= 128, dv_ne_d=False, memory="linear"),
 }
 
@@ -66,22 +71,31 @@ def _torch_version():
 
 
 def _claims(backend: str) -> Claims:
+    """The claims of one backend for the torch installed and the device present (computed on first use)."""
     cuda = cuda_present()
+    tv = _torch_version()
     base = dict(
         devices=("cuda",) if cuda else ("cpu",),
         head_dims=lambda d: 1 <= d <= 512,
         max_seqlen=16384 if cuda else 4096,
         causal=_ALL_CAUSAL,
         attn_mask=True,
-        gqa=_torch_version() >= (2, 5),
+        # enable_gqa exists from torch 2.5 ("enable_gqa (bool) -- If set to True, Grouped Query Attention (GQA) is
+        # enabled"); before it there is no GQA to claim
+        gqa=tv >= (2, 5),
         dropout=True,
         backward=True,
         dv_ne_d=True,
-        fully_masked="zeros" if _torch_version() >= (2, 5) else "nan",
+        # torch 2.5 changed the stance on fully masked rows to zeros (pytorch/pytorch#133882); before it, NaN
+        fully_masked="zeros" if tv >= (2, 5) else "nan",
         deterministic=not cuda,
     )
     table = _CUDA_CLAIMS if cuda else _CPU_CLAIMS
     base.update(table.get(backend, {}))
+    if not cuda and backend == "flash" and tv < (2, 6):
+        # torch 2.5.1 (CPU): the flash kernel refuses enable_gqa ("No available kernel", 2.5.1 run of issue 24);
+        # 2.13 accepts it
+        base["gqa"] = False
     return _validate_claims(f"sdpa-{backend}", base)
 
 
@@ -189,8 +203,14 @@ _CUDNN_DQ_NAN = ("cuDNN's SDPA backward (torch 2.11, H200) returns NaN dQ when e
 _EFFICIENT_INF_KEY = ("SDPA's mem-efficient backend (torch 2.11, H200), fp32: a key holding +inf makes NaN every row "
                       "whose score against it is -inf, where the exact output is finite (docs/compatibility.md F12; "
                       "benchmarks/repro_inf_key_nan.py: 11 of 11 such rows, any Lk; fp16/bf16 and math are right)")
+_CUDNN_FULLY_MASKED = {"why": "cuDNN's SDPA (torch 2.11, H200) gives neither 0 (PyTorch's stance since 2.5) nor NaN on "
+                              "a fully-masked row: -0.887 where 0 is expected, bool mask (2, 1, 9, 1), fp16 "
+                              "(docs/compatibility.md F26; benchmarks/results/probe_sdpa_h200.json 'fully_masked': "
+                              "'other'); to be re-run on the H200 with the widened claims",
+                       "match": FULLY_MASKED_NOT_ZERO}
 _CUDA_FINDINGS = {
     "cudnn": {
+        "fully_masked_rows": _CUDNN_FULLY_MASKED,
         "gradients_match_reference": _CUDNN_DQ_NAN,
         "outputs_fully_written": _CUDNN_DQ_NAN,  # it compares the gradients too
         "no_out_of_bounds": "cuDNN's SDPA (torch 2.11, H200) returns wrong outputs, silently, for q/k/v that are not "
@@ -205,6 +225,8 @@ _CUDA_FINDINGS = {
     },
     "efficient": {"nonfinite_inputs_propagate": _EFFICIENT_INF_KEY},
     "default": {  # PyTorch's dispatch picks cuDNN for fp16/bf16 on the H200, mem-efficient for fp32
+        "fully_masked_rows": {"why": _CUDNN_FULLY_MASKED["why"] + "; the dispatch sends fp16/bf16 there (and its "
+                                     "backward returns NaN dQ on those rows)", "match": FULLY_MASKED_NOT_ZERO},
         "gradients_match_reference": _CUDNN_DQ_NAN,
         "outputs_fully_written": _CUDNN_DQ_NAN,
         "nonfinite_inputs_propagate": _EFFICIENT_INF_KEY + "; the dispatch sends fp32 there",
@@ -212,24 +234,101 @@ _CUDA_FINDINGS = {
 }
 
 
+# torch 2.3.x on the CPU (measured on 2.3.1 with scripts/old_torch.sh; benchmarks/repro_sdpa_cpu_old_torch.py)
+_F27 = ("SDPA's CPU flash backend (torch 2.3.1) computes wrong rows for a bool mask broadcast along the keys, "
+        "(B, 1, Lq, 1): max |flash - math| 2.7 on rows that see every key; the same mask expanded is right "
+        "(docs/compatibility.md F27; benchmarks/repro_sdpa_cpu_old_torch.py)")
+_F28 = ("SDPA on the CPU in float16 (torch 2.3.1, flash and math alike) is less accurate than the float16 baseline "
+        "with float32 softmax: median relative L2 error 7.1e-4 against 5.7e-4 on torch 2.13 (docs/compatibility.md "
+        "F28; benchmarks/repro_sdpa_cpu_old_torch.py)")
+_KEY_BROADCAST_MASK = r"shrunk case: [^\n]* mask=bool\(\d+, \d+, \d+, 1\)[^\n]*\n[\s\S]*MISMATCH"
+_FP16_OUT_ONLY = r"^(?![\s\S]*non-finite)[\s\S]*shrunk case: [^\n]*\bfloat16\b[\s\S]*\bout(?::in_batch)?: MISMATCH"
+_OUTPUT_PROPERTIES = ("forward_matches_reference", "gradients_match_reference", "fully_masked_rows", "causal_alignment",
+                      "kv_permutation_invariance", "batch_head_independence", "row_shift_invariance", "value_scaling",
+                      "determinism", "nonfinite_inputs_propagate", "outputs_fully_written", "no_out_of_bounds",
+                      "repeat_and_interleave_stable", "gqa_equals_repeated_kv")
+
+
+def _old_cpu_findings(backend: str) -> dict:
+    """Findings of torch 2.3 on the CPU, for the properties that compare outputs."""
+    out = {}
+    for prop in _OUTPUT_PROPERTIES:
+        whys, pats = [_F28], [_FP16_OUT_ONLY]
+        if backend in ("flash", "default") and prop != "determinism":
+            whys.insert(0, _F27)
+            pats.insert(0, _KEY_BROADCAST_MASK)
+        if prop == "determinism" and backend in ("flash", "default"):
+            whys, pats = [_F27], [r"shrunk case: [^\n]* mask=bool\(\d+, \d+, \d+, 1\)"]
+        out[prop] = {"why": "; ".join(whys), "match": "|".join(f"(?:{p})" for p in pats)}
+    return out
+
+
 def _known_failures(backend: str) -> dict:
     if cuda_present():
         return dict(_CUDA_FINDINGS.get(backend, {}))
     # PyTorch's own dispatch picks the flash kernel on the CPU for these cases
-    return dict(_CPU_FLASH_FINDINGS) if backend in ("flash", "default") else {}
+    known = dict(_CPU_FLASH_FINDINGS) if backend in ("flash", "default") else {}
+    if _torch_version() < (2, 4):
+        old = _old_cpu_findings(backend)
+        if "nonfinite_inputs_propagate" in known:  # both: either message is the known one
+            nan = known["nonfinite_inputs_propagate"]
+            old["nonfinite_inputs_propagate"] = {"why": nan["why"] + "; " + old["nonfinite_inputs_propagate"]["why"],
+                                                 "match": f"(?:{nan['match']})|" + old["nonfinite_inputs_propagate"]["match"]}
+        known.update(old)
+    return known
+
+
+class _SdpaAdapter(Adapter):
+    """An SDPA adapter whose claims and known findings follow the installed torch and the device present:
+    computed on first use, not at import (nothing here asks torch or NVML anything before a run needs it)."""
+
+    def __init__(self, backend: str, **kw):
+        self._backend, self._claims_v, self._known_v = backend, None, None
+        super().__init__(**kw)
+
+    @property
+    def claims(self) -> Claims:
+        if self._claims_v is None:
+            self._claims_v = _claims(self._backend)
+        return self._claims_v
+
+    @claims.setter
+    def claims(self, value) -> None:  # the dataclass __init__ assigns None: computed on first use
+        self._claims_v = value
+
+    def _known(self):
+        if self._known_v is None:
+            self._known_v = validate_known_failures(self.name, _known_failures(self._backend))
+        return self._known_v
+
+    @property
+    def known_failures(self):
+        return self._known()[0]
+
+    @known_failures.setter
+    def known_failures(self, value) -> None:
+        if value:
+            self._known_v = (dict(value), dict(self._known_v[1]) if self._known_v else {})
+
+    @property
+    def known_patterns(self):
+        return self._known()[1]
+
+    @known_patterns.setter
+    def known_patterns(self, value) -> None:
+        if value:
+            self._known_v = (self._known()[0], dict(value))
 
 
 def _make(name: str, backend: str, description: str) -> Adapter:
-    known, patterns = validate_known_failures(name, _known_failures(backend))
-    a = Adapter(
+    a = _SdpaAdapter(
+        backend,
         name=name,
         fn=lambda q, k, v, spec: _call(q, k, v, spec, backend),
-        claims=_claims(backend),
+        claims=None,
         description=description,
         availability=_availability(backend),
         refuses=_refuses(backend),
-        known_failures=known,
-        known_patterns=patterns,
     )
     return register_adapter(a)
 

@@ -36,6 +36,11 @@ if not _CUDA and "TRITON_INTERPRET" not in os.environ and "triton" not in sys.mo
 def _availability():
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (pip install 'attnverify[triton]')"
+    from ._external import dist_version, version_tuple
+
+    tv = dist_version("triton")
+    if tv and version_tuple(tv) < (3, 6):  # the supported range; torch 2.3's pinned triton 2.3.1 lacks tl.value
+        return f"triton {tv} is older than the supported 3.6 (pip install 'attnverify[triton]')"
     if not _CUDA and os.environ.get("TRITON_INTERPRET", "0") != "1":
         return ("no CUDA GPU here and the Triton interpreter is off (export TRITON_INTERPRET=1 before "
                 "anything imports triton to run on the CPU)")

@@ -1,0 +1,92 @@
+"""tinygrad: `Tensor.scaled_dot_product_attention` on tinygrad's CPU device.
+
+Importing this module imports no tinygrad. The tensors cross as numpy arrays onto the device "CPU"
+(named explicitly: tinygrad's own device selection writes DEV into os.environ, which this adapter avoids).
+tinygrad's CPU device compiles its kernels with clang (`ClangRenderer`; `CPUDevice.__init__` builds its
+helper programs with it), so clang must be on PATH (`apt-get install clang`); without it the adapter is
+unavailable and says so.
+
+Claims from the source of tinygrad 0.14.0 (tinygrad/tensor.py, `scaled_dot_product_attention`):
+
+- signature `(key, value, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False)`: no `scale`
+  argument -- the logits are divided by `math.sqrt(q.shape[-1])` -- so a non-default scale is refused;
+- `is_causal`: `attn_mask = qk.const_like(True, dtypes.bool).tril()` over the (Lq, Lk) logits: top-left;
+  "cannot set attn_mask when is_causal=True" (raised), so causal with a mask is refused;
+- bool mask `attn_mask.where(0, -float("inf"))`, a float mask added: both claimed, broadcast shapes too;
+- GQA: `enable_gqa` repeats K/V heads ("repeat_interleave(... dim=-3)") -- claimed;
+- the logits are `cast(self.dtype)` before the softmax: fp16 scores are rounded before it (measured as
+  the tolerance allows, or a finding); float32, float16 and float64 run on the CPU device; bfloat16 does
+  not compile there ("__bf16 is not supported on this target", clang 14) -- not claimed;
+- a fully-masked row is softmax over all -inf: NaN (measured); undocumented -> fully_masked="unsupported";
+- forward only here (tinygrad has autograd, but its gradients are not wired back to torch); dropout is
+  tinygrad's own RNG with `Tensor.training`, not claimed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import shutil
+from typing import Optional
+
+import torch
+
+from ..spec import Spec
+from .base import adapter
+
+_DTYPES = ("float16", "float32", "float64")
+_AVAIL: dict = {}
+
+
+def _available() -> Optional[str]:
+    if "why" not in _AVAIL:
+        if importlib.util.find_spec("tinygrad") is None:
+            why = "tinygrad is not installed (pip install tinygrad)"
+        elif shutil.which("clang") is None:
+            why = "tinygrad's CPU device compiles with clang, which is not on PATH (apt-get install clang)"
+        else:
+            why = None
+        _AVAIL["why"] = why
+    return _AVAIL["why"]
+
+
+def _refuses(case) -> Optional[str]:
+    s = case.spec
+    d = case.q.shape[-1]
+    if s.scale is not None and not math.isclose(float(s.scale), 1.0 / math.sqrt(d), rel_tol=1e-12):
+        return "tinygrad's scaled_dot_product_attention has no scale argument (always 1/sqrt(D))"
+    if s.causal != "none" and s.attn_mask is not None:
+        return "tinygrad raises 'cannot set attn_mask when is_causal=True'"
+    return None
+
+
+def _to_tiny(t: torch.Tensor):
+    from tinygrad import Tensor
+
+    return Tensor(t.detach().cpu().contiguous().numpy(), device="CPU")
+
+
+@adapter(
+    "tinygrad",
+    description="tinygrad Tensor.scaled_dot_product_attention on tinygrad's CPU device (clang)",
+    availability=_available, refuses=_refuses,
+    dtypes=_DTYPES, devices=("cpu",), head_dims=lambda d: 1 <= d <= 512, max_seqlen=4096,
+    causal=("none", "top_left"), attn_mask=True, gqa=True, dv_ne_d=True, fully_masked="unsupported",
+    deterministic=True,
+)
+def tinygrad_attention(q, k, v, spec: Spec):
+    """tinygrad.Tensor.scaled_dot_product_attention."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        dname = str(t.dtype).replace("torch.", "")
+        if dname not in _DTYPES:
+            raise TypeError(f"tinygrad adapter: {name} is {dname}; claimed dtypes are {_DTYPES}")
+    mask = None
+    if spec.attn_mask is not None:
+        m = spec.attn_mask
+        mask = _to_tiny(m if m.dtype == torch.bool else m.to(q.dtype))
+    out = _to_tiny(q).scaled_dot_product_attention(
+        _to_tiny(k), _to_tiny(v), attn_mask=mask, is_causal=spec.causal == "top_left",
+        enable_gqa=k.shape[1] != q.shape[1])
+    return torch.from_numpy(out.numpy().copy()).to(q.device)
+
+
+tinygrad = tinygrad_attention  # the registry name
