@@ -73,4 +73,8 @@ def with_precision(diagnosis, result):
     sig: Optional[object] = precision_signature(result)
     if sig is None:
         return diagnosis
-    return replace(diagnosis, summary=sig.title, signatures=[sig] + list(diagnosis.signatures))
+    sigs = list(diagnosis.signatures)
+    if sigs and sigs[0].key == "grows_with_lk":  # already the more specific precision finding: it stays first
+        return replace(diagnosis, summary=f"precision, not semantics: {sigs[0].title} ({sig.title.split(': ', 1)[1]})",
+                       signatures=sigs[:1] + [sig] + sigs[1:])
+    return replace(diagnosis, summary=sig.title, signatures=[sig] + sigs)

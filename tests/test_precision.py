@@ -106,11 +106,21 @@ def test_tile_wise_half_accumulation_is_caught_on_plain_inputs(dtype):
 @pytest.mark.parametrize("name", PRECISION_MEMBERS)
 def test_precision_member_is_caught_by_the_ci_profile_within_60s_and_diagnosed_as_precision(name, tmp_path):
     m = get_member(name)
-    r = run_member(m, profile="ci", seed=0, report_dir=str(tmp_path))
+    r = run_member(m, profile="ci", seed=0, report_dir=str(tmp_path), shrink_budget_s=3.0)
     assert r.status == "caught", (r.status, r.reason, r.finding)
     assert r.expected, f"caught by {r.caught_by}, not by one of {m.expected}"
     assert r.first_seconds is not None and r.first_seconds <= 60.0, r.first_seconds
     assert r.diagnosis.startswith("precision, not semantics"), r.diagnosis
+
+
+def test_the_bug_free_precision_kernel_is_not_flagged_by_the_same_machinery(tmp_path):
+    """The control: the members' engine with no bug, through the same ci properties (corpus first)."""
+    from attnverify.zoo import ZooMember
+
+    props = ("forward_matches_reference", "lse_matches_reference", "gradients_match_reference")
+    ctl = ZooMember("control-flash", "no bug", "control", user_flash, props, "eager")
+    r = run_member(ctl, profile="ci", seed=0, report_dir=str(tmp_path), max_examples=8, properties=props)
+    assert r.status == "missed", f"the bug-free kernel was flagged: {r.caught_by}: {r.finding} ({r.case})"
 
 
 def test_a_semantic_bug_is_not_called_precision():
