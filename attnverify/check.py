@@ -206,7 +206,10 @@ def check(
     comps: List[Comparison] = []
     cache: dict = {"ref": ref}  # reference results shared by the check and the baseline
     lse_up = lse.dtype if (do_bwd and isinstance(lse, torch.Tensor) and lse.requires_grad) else None
-    base = _baseline(case, keep, cache, do_bwd, rows_ignored=ignore_rows, floors=mags, lse_grad=lse_up) if baseline else None
+    base_ign = ignore_rows  # rows held to NaN by declaration are not compared: not counted in the baseline either
+    if any_fm and claims.fully_masked == "nan":
+        base_ign = fm if ignore_rows is None else (ignore_rows | fm.to(ignore_rows.device))
+    base = _baseline(case, keep, cache, do_bwd, rows_ignored=base_ign, floors=mags, lse_grad=lse_up) if baseline else None
 
     def tol(name, dtype):
         b = base.get(name) if base else (None, None, None)

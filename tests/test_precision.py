@@ -130,3 +130,25 @@ def test_a_semantic_bug_is_not_called_precision():
     res = av.check(m.adapter, av.build_case(_recipe("float16", len_k=64, return_lse=False)), backward=False)
     assert res.status == "failed"
     assert not diagnose_result(res, adapter=m.adapter).summary.startswith("precision")
+
+
+def test_rows_declared_nan_are_left_out_of_the_baseline_too():
+    """A user's kernel that returns NaN on rows with no visible key (declared): those rows are not compared,
+    so they must not dilute the baseline's error either (half the rows counted would tighten the bound by
+    sqrt(2) and fail a kernel exactly as accurate as naive)."""
+    from attnverify.adapters.naive import naive_attention
+
+    @av.adapter("user-nan-rows", register=False, dtypes=("float16", "bfloat16"), attn_mask=True, fully_masked="nan")
+    def nan_rows(q, k, v, spec):
+        o = naive_attention(q, k, v, spec).out
+        dead = ~spec.attn_mask.any(-1, keepdim=True)
+        return torch.where(dead.expand_as(o), torch.full_like(o, math.nan), o)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g).half() for n in (64, 96, 96))
+    mask = torch.rand(1, 1, 64, 96, generator=g) > 0.3
+    mask[..., ::2, :] = False  # every other row sees nothing
+    res = av.check(nan_rows, av.Case(q, k, v, av.Spec(attn_mask=mask)), backward=False)
+    assert res.passed, res.message()
+    out = res.comparisons[0]
+    assert out.rel_l2 <= out.tol_norm / PER_CASE_FACTOR["out"] * 1.0001  # naive's own error: 1/Kc of the bound at most
