@@ -17,7 +17,7 @@ from .case import Case
 from .compare import Comparison, compare, error_stats
 from .reference import reference_backward, reference_forward
 from .spec import Output, Spec
-from .tolerances import SCORE_U, UNIT_ROUNDOFF, tolerance_for
+from .tolerances import SCORE_U, UNIT_ROUNDOFF, expected_rounding, tolerance_for
 from .verdicts import bitwise_equal, severity
 
 STATUSES = ("passed", "failed", "error", "skipped")
@@ -211,12 +211,16 @@ def check(
     gen = torch.Generator().manual_seed(int(case.seed) + 1)
     comps: List[Comparison] = []
     cache: dict = {"ref": ref}  # reference results shared by the check and the baseline
-    base = _baseline(case, keep, cache, do_bwd, rows_ignored=ignore_rows) if baseline else None
+    lse_up = lse.dtype if (do_bwd and isinstance(lse, torch.Tensor) and lse.requires_grad) else None
+    base_ign = ignore_rows  # rows held to NaN by declaration are not compared: not counted in the baseline either
+    if any_fm and claims.fully_masked == "nan":
+        base_ign = fm if ignore_rows is None else (ignore_rows | fm.to(ignore_rows.device))
+    base = _baseline(case, keep, cache, do_bwd, rows_ignored=base_ign, floors=mags, lse_grad=lse_up) if baseline else None
 
     def tol(name, dtype):
-        b = base.get(name) if base else (None, None)
+        b = base.get(name) if base else (None, None, None)
         t = tolerance_for(name, dtype, baseline_rel_l2=b[0], baseline_max_abs=b[1], score_max=score_max,
-                          scale_floor=mags.get(name, 0.0), loosen=loosen)
+                          scale_floor=mags.get(name, 0.0), loosen=loosen, rounding_rel_l2=b[2])
         if levels is not None and name in ("out", "lse", "dq") and math.isfinite(t.u):
             # per query row: a row lifted by the bias gets its own level, the others keep S
             t = t.rows_at(torch.clamp(levels, min=mags["S"]), loosen=loosen)
@@ -395,17 +399,36 @@ def _capped_score_sensitivity(q: torch.Tensor, k: torch.Tensor, scale: float, ca
     return max(float(cap), best)
 
 
-def _baseline(case: Case, keep, cache: dict, with_grads: bool, rows_ignored: Optional[torch.Tensor] = None) -> Optional[dict]:
-    """Errors of the same-dtype eager implementation on the very same inputs: name -> (rel_l2, max_abs).
+def _baseline(case: Case, keep, cache: dict, with_grads: bool, rows_ignored: Optional[torch.Tensor] = None,
+              floors: Optional[dict] = None, lse_grad: Optional[torch.dtype] = None) -> Optional[dict]:
+    """Errors of the same-dtype eager implementation on the very same inputs: name -> (rel_l2, max_abs,
+    expected rounding of the reference), in the check's metric (the norm-wise denominator never below the
+    output's scale floor from `floors`, as `compare` has it), for the per-case tolerance.
 
-    Uses the same upstream gradient as the check (seeded from the case) and the check's reference.
+    Uses the same upstream gradients as the check (seeded from the case; an LSE gradient too when the
+    adapter's LSE carries one, `lse_grad` its dtype) and the check's reference.
     Query rows the check does not judge (`rows_ignored`, B x H x Lq) are left out of out, LSE and dQ."""
+    floors = floors or {}
 
-    def stats(a, b):
-        if rows_ignored is None or a.shape[:3] != rows_ignored.shape:
-            return error_stats(a, b)
-        m = rows_ignored.to(a.device).view(*rows_ignored.shape, *([1] * (a.dim() - 3)))
-        return error_stats(a.detach().masked_fill(m, 0), b.masked_fill(m.to(b.device), 0))
+    def stats(name, a, b, rows=True):
+        ign = None
+        if rows and rows_ignored is not None and a.shape[:3] == rows_ignored.shape:
+            ign = rows_ignored.to(a.device).view(*rows_ignored.shape, *([1] * (a.dim() - 3)))
+            a, b = a.detach().masked_fill(ign, 0), b.masked_fill(ign.to(b.device), 0)
+        rel, mx = error_stats(a, b)
+        fl = floors.get(name, 0.0)
+        if fl > 0 and rel == rel:  # re-based on the check's denominator
+            e = b.detach().double()
+            x = a.detach().double().to(e.device)
+            fin = torch.isfinite(e) & torch.isfinite(x)
+            if ign is not None:
+                fin = fin & ~ign.to(e.device).expand_as(e)
+            n = int(fin.sum())
+            err = float(torch.where(fin, x - e, torch.zeros_like(e)).norm())
+            den = max(float(torch.where(fin, e, torch.zeros_like(e)).norm()), fl * math.sqrt(max(n, 1)))
+            rel = err / den if den > 0 else 0.0
+        out_dt = "float32" if name == "lse" else case.dtype
+        return rel, mx, expected_rounding(b, out_dt, scale_floor=fl, ignore=ign)
 
     from .adapters.naive import naive_attention
 
@@ -419,14 +442,20 @@ def _baseline(case: Case, keep, cache: dict, with_grads: bool, rows_ignored: Opt
         with torch.enable_grad() if with_grads else torch.no_grad():
             o = naive_attention(q, k, v, spec.replace(return_lse=True))
         ref = cache["ref"]
-        errs = {"out": stats(o.out, ref.out), "lse": stats(o.lse, ref.lse)}
+        errs = {"out": stats("out", o.out, ref.out), "lse": stats("lse", o.lse, ref.lse)}
         if with_grads:
             gen = torch.Generator().manual_seed(int(case.seed) + 1)
             d_out = torch.randn(o.out.shape, generator=gen, dtype=torch.float64).to(o.out.device, o.out.dtype)
-            gq, gk, gv = torch.autograd.grad([o.out], [q, k, v], [d_out])
-            rg = reference_backward(case.q, case.k, case.v, spec, d_out)
-            cache["grads"] = rg
-            errs.update(dq=stats(gq, rg.dq), dk=error_stats(gk, rg.dk), dv=error_stats(gv, rg.dv))
+            roots, ups, d_lse = [o.out], [d_out], None
+            if lse_grad is not None:  # as _check_grads draws it, right after d_out
+                d_lse = torch.randn(o.lse.shape, generator=gen, dtype=torch.float64).to(o.lse.device, lse_grad)
+                roots.append(o.lse)
+                ups.append(d_lse.to(o.lse.dtype))
+            gq, gk, gv = torch.autograd.grad(roots, [q, k, v], ups)
+            rg = reference_backward(case.q, case.k, case.v, spec, d_out, d_lse)
+            if d_lse is None:
+                cache["grads"] = rg
+            errs.update(dq=stats("dq", gq, rg.dq), dk=stats("dk", gk, rg.dk, rows=False), dv=stats("dv", gv, rg.dv, rows=False))
         return errs
     except Exception:
         return None

@@ -145,7 +145,7 @@ def test_online_softmax_equals_reference_for_any_partition(n_bounds, seed):
 def test_corpus_is_claimed_and_complete():
     labels = {r.tags[0] for r in corpus(get("naive"), profile="ci")}
     for want in ("two-tile", "masked-key-tile-causal-window", "L192-logits-minus-120-mask", "bottom-right-lq-gt-lk",
-                 "lk-1-mod-32", "decode", "mask-broadcast-over-keys"):
+                 "lk-1-mod-32", "decode", "mask-broadcast-over-keys", "long-keys-precision"):
         assert want in labels
     for name in ("sdpa-math", "sdpa-flash"):
         a = get(name)

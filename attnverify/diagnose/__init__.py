@@ -47,5 +47,8 @@ def diagnose_result(result, *, adapter=None, dropout_mask=None) -> Diagnosis:
     fm = claims.fully_masked if claims is not None else "zeros"
     tiles = claims.tiles if claims is not None else None
     keep = dropout_mask if dropout_mask is not None else result.outputs.get("dropout_mask")
-    return diagnose(result.case, result.outputs, failing=failing, declared_fully_masked=fm, tiles=tiles,
-                    tol_norm=tol, dropout_mask=keep)
+    d = diagnose(result.case, result.outputs, failing=failing, declared_fully_masked=fm, tiles=tiles,
+                 tol_norm=tol, dropout_mask=keep)
+    from ..precision_diagnosis import with_precision  # issue 20: name precision where semantics explain nothing
+
+    return with_precision(d, result)

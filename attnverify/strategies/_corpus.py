@@ -57,6 +57,9 @@ def templates(tiles=None) -> List[CaseRecipe]:
         _t("varlen-multi-segment", heads_q=2, heads_kv=1, len_q=bn + 10, len_k=3 * bn + 5, head_dim=32,
            seqlens_q=[5, 0, bn + 3, 2], seqlens_k=[bn + 1, 3, 2 * bn, 1], seed=15),
         _t("bf16-v-offset", len_q=9, len_k=2 * bn + 5, head_dim=64, dtype="bfloat16", v_mean=10.0, seed=16),
+        # precision (issue 20): plain inputs over the longest keys a profile allows (256): an accumulator
+        # kept in fp16/bf16 rounds once per key tile, and only many tiles lift it above a correct kernel's rounding
+        _t("long-keys-precision", heads_q=2, heads_kv=2, len_q=64, len_k=256, head_dim=64, dtype="float16", seed=17),
     ]
     return out
 

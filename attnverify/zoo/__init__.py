@@ -15,6 +15,7 @@ CPU; "eager": a PyTorch forward with one bug; "autograd": a correct forward with
 
 Modules: `_triton_wrong` (one parametrised Triton flash forward with a BUG switch; Triton imported on
 first use), `_eager` (an independent PyTorch attention with a `bug=` switch, and `BuggyGrad`),
+`_precision` (the precision class: a FlashAttention-2-style kernel with one rounding in the input dtype),
 `_members` (the registry), `selftest` (`attnverify selftest`), `grid` (the fixed-grid baseline).
 """
 from __future__ import annotations

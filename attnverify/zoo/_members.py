@@ -14,6 +14,7 @@ import torch
 from ..adapters.base import Adapter, adapter
 from ._eager import SPLIT_KV, attend, buggy_grad
 from ._multi import multi_members
+from ._precision import precision_members
 from ._serving_members import serving_members
 from ._triton_wrong import BLOCK_M, BLOCK_N, triton_unavailable, zoo_flash_forward
 from ..devices import cuda_present
@@ -213,7 +214,7 @@ def _members():
           "deterministic mode that still accumulates dQ with atomics (bitwise run-to-run differences)",
           _grad_member("bwd-dq-atomic-order", "dq_atomic_order", dict(FLASH, softcap=False, deterministic=True)),
           ("determinism",), "autograd"),
-    ]
+    ] + precision_members(Z, adapter, FLASH)  # the precision class (issue 20): zoo/_precision.py
 
 
 ZOO = _members() + serving_members() + multi_members(ZooMember, FLASH)
