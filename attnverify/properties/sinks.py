@@ -11,6 +11,7 @@ replays: normal logits, large ones dominating every row, -inf, and a mix per hea
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
@@ -65,7 +66,15 @@ def with_sinks(case: Case, params: dict) -> Case:
 
 
 class SinkProperty(CaseProperty):
+    """Draws sinks beside the recipe; the LSE is always asked for where claimed (LSE = sink is half the contract)."""
+
     needs = ("sinks",)
+
+    def kwargs(self, adapter):
+        return dict(self.case_kwargs, return_lse=bool(adapter.claims.lse))
+
+    def adapt(self, adapter, r):
+        return dataclasses.replace(r, return_lse=bool(adapter.claims.lse))
 
     def params(self, adapter):
         return sink_params()
@@ -159,6 +168,10 @@ class SinkAsExtraKey(SinkProperty):
     doc = ("A sink equals one more key whose score is the sink (a zero key plus the sink in a float mask) and whose "
            "value row is zero; compared with the adapter's own extra-key call where it claims one, else the reference's.")
     case_kwargs = dict(dropout=False, poison=False, varlen=False, alibi=False, attn_mask=False)
+
+    def keep(self, r):  # the extra key moves causal/window into a float mask: no varlen, masks, ALiBi, dropout
+        return r.seqlens_q is None and r.mask == "none" and r.key_block is None and not r.masked_rows \
+            and not r.alibi and not r.dropout_p and not r.poison
 
     def judge(self, adapter, case, params):
         case = with_sinks(case, params)
