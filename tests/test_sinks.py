@@ -197,7 +197,7 @@ def test_plugin_runs_the_sink_properties_for_a_conftest_sdpa_adapter(pytester):
     pytester.makeconftest('''
 import torch, attnverify as av
 
-@av.adapter("mine-sinks", dtypes=("float32",), head_dims=(16, 32, 64), causal=("none", "bottom_right"), sinks=True)
+@av.adapter("mine-gptoss", dtypes=("float32",), head_dims=(16, 32, 64), causal=("none", "bottom_right"), sinks=True)
 def mine(q, k, v, spec):
     B, H, L, D = q.shape
     M = k.shape[2]
@@ -213,11 +213,11 @@ def mine(q, k, v, spec):
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=spec.scale)
     return torch.nan_to_num(out)  # rows that see nothing (sink -inf too) give 0
 ''')
-    res = pytester.runpytest("--adapter=mine-sinks", "-v", "-rs", "-k", "sink or chunked", "--attn-profile=ci",
+    res = pytester.runpytest("--adapter=mine-gptoss", "-v", "-rs", "-k", "sinks_ or sink_ or chunked_", "--attn-profile=ci",
                              "--attn-max-examples=6", "-p", "no:randomly")
     out = res.stdout.str()
     assert res.ret == 0, out
-    res.stdout.fnmatch_lines(["*test_sinks_match_reference?mine-sinks? PASSED*",
-                              "*test_sink_as_extra_key?mine-sinks? PASSED*",
-                              "*test_sink_limits?mine-sinks? PASSED*",
-                              "*mine-sinks does not claim attention_chunk*"])
+    res.stdout.fnmatch_lines(["*test_sinks_match_reference?mine-gptoss? PASSED*",
+                              "*test_sink_as_extra_key?mine-gptoss? PASSED*",
+                              "*test_sink_limits?mine-gptoss? PASSED*",
+                              "*mine-gptoss does not claim attention_chunk*"])
