@@ -19,7 +19,7 @@ import torch
 from hypothesis import strategies as st
 
 from ..case import Case
-from ..check import check, unclaimed
+from ..check import check, unclaimed, unpack_output
 from ..compare import compare, error_stats
 from ..reference import reference_backward, reference_forward
 from ..tolerances import tolerance_for
@@ -89,9 +89,7 @@ def sink_gradient(adapter, case: Case) -> Optional[dict]:
     sinks = s.sinks.detach().clone().requires_grad_(True)
     gen = torch.Generator().manual_seed(int(case.seed) + 23)
     q, k, v = (t.detach() for t in (case.q, case.k, case.v))
-    from ..check import _unpack
-
-    out, lse, _ = _unpack(adapter(q, k, v, s.replace(sinks=sinks)))
+    out, lse, _ = unpack_output(adapter(q, k, v, s.replace(sinks=sinks)))
     d_out = torch.randn(out.shape, generator=gen, dtype=torch.float32).to(out.device)
     ref_lse = reference_forward(q, k, v, s).lse
     d_lse = None

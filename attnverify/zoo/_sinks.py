@@ -89,17 +89,17 @@ def sink_members():
 
     return [
         Z("sink-in-numerator", "the sink's weight exp(sink - LSE) is added to the output as if its value row were ones",
-          "a sink handled as an ordinary key in the P @ V product (vllm-metal #550: sink paths wrong)",
-          _sink_member("sink-in-numerator", "sink_numerator"), (SMR, "sink_as_extra_key"), "eager", fast=True),
+          "a sink handled as an ordinary key in the P @ V product (two of three sink paths wrong in a Metal port)",
+          _sink_member("sink-in-numerator", "sink_numerator"), (SMR, "sink_as_extra_key"), "eager"),
         Z("sink-lse-ignored", "the output has the sink, the returned LSE does not",
-          "LSE written before the sink joins the denominator (a split-KV merge then double counts; cudnn-frontend #1109)",
-          _sink_member("sink-lse-ignored", "sink_lse_ignored"), (SMR, "sink_limits"), "eager", fast=True),
+          "LSE written before the sink joins the denominator (a split-KV merge or the next layer then sees no sink)",
+          _sink_member("sink-lse-ignored", "sink_lse_ignored"), (SMR, "sink_limits"), "eager"),
         Z("sink-grad-zero", "the sink's gradient is zero (the forward is right)",
           "a backward that never accumulates dsinks = sum_i P_sink,i (dLSE_i - D_i)",
-          _sink_member("sink-grad-zero", "sink_grad_zero"), (SMR,), "autograd", fast=True),
+          _sink_member("sink-grad-zero", "sink_grad_zero"), (SMR,), "autograd"),
         Z("chunk-off-by-one", "the query's chunk is taken at position p + 1 (the chunk boundary one position early)",
           "chunked local attention with the boundary off by one (Llama 4 attention_chunk)",
-          _chunk_member("chunk-off-by-one", "chunk_off_by_one"), (CHUNK,), "eager", fast=True),
+          _chunk_member("chunk-off-by-one", "chunk_off_by_one"), (CHUNK,), "eager"),
     ]
 
 
