@@ -104,3 +104,43 @@ def sink_members():
 
 
 __all__ = ["sink_members", "sinks_attend", "chunk_attend", "SINKS", "CHUNKED", "SINK_BUGS"]
+
+
+# An MLA kernel in the absorbed form (K and V views of one latent): head dims 576/512 and 192/128, one latent head.
+MLA = dict(
+    dtypes=("float16", "bfloat16", "float32"), devices=("cpu",), head_dims=(128, 192, 512, 576), dv_ne_d=True,
+    causal=("none", "bottom_right"), gqa=True, backward=True,
+)
+
+
+class _LatentDkDropped(torch.autograd.Function):
+    """naive's forward; the backward, when V aliases K's storage, writes dV over the latent (the dK path lost)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, spec):
+        ctx.spec = spec
+        ctx.alias = v.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
+        ctx.save_for_backward(q, k, v)
+        return naive_attention(q, k, v, spec, return_keep=False).out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v = (t.detach().requires_grad_(True) for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            out = naive_attention(q, k, v, ctx.spec, return_keep=False).out
+            dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
+        if ctx.alias:
+            dk = torch.zeros_like(dk)
+        return dq, dk, dv, None
+
+
+def mla_members():
+    from ._members import ZooMember as Z
+
+    @adapter("zoo-mla-latent-dk-dropped", register=False, description="zoo (MLA): dK path dropped for latent K/V", **MLA)
+    def impl(q, k, v, spec):
+        return _LatentDkDropped.apply(q, k, v, spec)
+
+    return [Z("mla-latent-dk-dropped", "with K and V views of one latent, the latent's gradient is dV alone (dK dropped)",
+              "latent K/V treated as separate copies in an absorbed-MLA backward (one gradient overwrites the other)",
+              impl, ("mla_latent_views",), "autograd")]
