@@ -38,6 +38,10 @@ class Spec:
     k_new: Any = None  # (B, Hkv, Lnew, D): appended at slot cache_seqlens[b], in place, before attending
     v_new: Any = None
     num_splits: Optional[int] = None  # split-KV partitions (1: no split); None: the adapter's own choice
+    # issue 23: per-head sink logits (Hq,) float32 joining every row's softmax denominator (docs/adapters.md)
+    sinks: Any = None
+    # chunked local attention (Llama 4): a query sees only keys of its own chunk of this many positions
+    attention_chunk: Optional[int] = None
 
     def __post_init__(self):
         if self.causal not in CAUSAL_MODES:
@@ -57,6 +61,16 @@ class Spec:
             raise ValueError("Spec(cu_seqlens_q, cu_seqlens_k): give both for varlen, or neither")
         if self.scale is not None and not (isinstance(self.scale, (int, float)) and math.isfinite(self.scale)):
             raise ValueError(f"Spec(scale={self.scale!r}): must be a finite number, or None for 1/sqrt(D)")
+        if self.attention_chunk is not None and not (isinstance(self.attention_chunk, int)
+                                                     and not isinstance(self.attention_chunk, bool)
+                                                     and self.attention_chunk >= 1):
+            raise ValueError(f"Spec(attention_chunk={self.attention_chunk!r}): must be an int >= 1, or None for no chunks")
+        if self.sinks is not None:
+            import torch
+
+            if not isinstance(self.sinks, torch.Tensor) or self.sinks.dim() != 1 or self.sinks.is_complex():
+                raise ValueError(f"Spec(sinks=...): expected a 1-D float tensor of per-head logits (Hq,), got "
+                                 f"{type(self.sinks).__name__}{tuple(getattr(self.sinks, 'shape', ()))}")
         if (self.cache_seqlens is not None or self.num_splits is not None or self.block_table is not None
                 or self.k_new is not None or self.v_new is not None or self.cache_batch_idx is not None):
             from .paged import validate_spec
@@ -98,6 +112,10 @@ class Spec:
             used.add("append")
         if self.num_splits is not None:
             used.add("num_splits")
+        if self.sinks is not None:
+            used.add("sinks")
+        if self.attention_chunk is not None:
+            used.add("attention_chunk")
         return used
 
 

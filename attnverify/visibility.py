@@ -11,7 +11,9 @@ on purpose, so that a mistake here cannot hide in both.
 Coordinates: i is the row's query index and j the key's index, both local to the row's sequence (segment);
 diag = i + Lk - Lq is the row's bottom-right diagonal. causal "top_left" shows j <= i, "bottom_right"
 j <= diag (`strict_diag`: < instead of <=, a classic bug). A window (left, right) shows
-diag - left <= j <= diag + right, a negative bound meaning unbounded on that side.
+diag - left <= j <= diag + right, a negative bound meaning unbounded on that side. Chunked local attention
+(`chunk`, Spec.attention_chunk, Llama 4) shows only j with j // chunk == diag // chunk (the query's own chunk
+of the sequence, positions bottom-right aligned), on top of causal and window.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ CAUSAL_MODES = ("none", "top_left", "bottom_right")
 
 
 def visible(i: torch.Tensor, j: torch.Tensor, diag: torch.Tensor, causal: str = "none",
-            window: Optional[Tuple[int, int]] = None, *, strict_diag: bool = False) -> torch.Tensor:
+            window: Optional[Tuple[int, int]] = None, *, strict_diag: bool = False,
+            chunk: Optional[int] = None) -> torch.Tensor:
     """Bool visibility of key j from row i (tensors broadcast together; see the module's coordinates)."""
     if causal not in CAUSAL_MODES:
         raise ValueError(f"visible(causal={causal!r}): use one of {CAUSAL_MODES}")
@@ -38,6 +41,8 @@ def visible(i: torch.Tensor, j: torch.Tensor, diag: torch.Tensor, causal: str = 
             vis &= j >= diag - left
         if right >= 0:
             vis &= j <= diag + right
+    if chunk is not None:
+        vis &= torch.div(j, chunk, rounding_mode="floor") == torch.div(diag, chunk, rounding_mode="floor")
     return vis
 
 
@@ -49,11 +54,11 @@ def row_key_indices(lq: int, lk: int, device=None):
 
 
 def positional_visibility(lq: int, lk: int, causal: str = "none", window: Optional[Tuple[int, int]] = None,
-                          device=None, *, strict_diag: bool = False) -> Optional[torch.Tensor]:
+                          device=None, *, strict_diag: bool = False, chunk: Optional[int] = None) -> Optional[torch.Tensor]:
     """(Lq, Lk) bool of one dense sequence, or None when every key is visible."""
-    if causal == "none" and window is None:
+    if causal == "none" and window is None and chunk is None:
         return None
-    return visible(*row_key_indices(lq, lk, device), causal, window, strict_diag=strict_diag)
+    return visible(*row_key_indices(lq, lk, device), causal, window, strict_diag=strict_diag, chunk=chunk)
 
 
 def segments(cu_seqlens_q: Sequence[int], cu_seqlens_k: Sequence[int]):
@@ -64,11 +69,11 @@ def segments(cu_seqlens_q: Sequence[int], cu_seqlens_k: Sequence[int]):
 
 
 def varlen_visibility(cu_seqlens_q, cu_seqlens_k, lq: int, lk: int, causal: str = "none",
-                      window: Optional[Tuple[int, int]] = None, device=None) -> torch.Tensor:
+                      window: Optional[Tuple[int, int]] = None, device=None, *, chunk: Optional[int] = None) -> torch.Tensor:
     """(Lq, Lk) bool for a packed batch: segment n of queries sees segment n of keys (causal/window inside)."""
     vis = torch.zeros(lq, lk, dtype=torch.bool, device=device)
     for q0, q1, k0, k1 in segments(cu_seqlens_q, cu_seqlens_k):
         if q1 > q0 and k1 > k0:
-            pv = positional_visibility(q1 - q0, k1 - k0, causal, window, device)
+            pv = positional_visibility(q1 - q0, k1 - k0, causal, window, device, chunk=chunk)
             vis[q0:q1, k0:k1] = True if pv is None else pv
     return vis

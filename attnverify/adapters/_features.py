@@ -15,7 +15,7 @@ from ..spec import Spec
 
 def positional_visibility(lq: int, lk: int, spec: Spec, device) -> Optional[torch.Tensor]:
     """(Lq, Lk) bool: causal and window visibility, or None when everything is visible."""
-    return visibility.positional_visibility(lq, lk, spec.causal, spec.window, device)
+    return visibility.positional_visibility(lq, lk, spec.causal, spec.window, device, chunk=spec.attention_chunk)
 
 
 def alibi_bias(lq: int, lk: int, slopes, b: int, hq: int, device, dtype=torch.float32) -> torch.Tensor:
@@ -29,7 +29,8 @@ def alibi_bias(lq: int, lk: int, slopes, b: int, hq: int, device, dtype=torch.fl
 
 def varlen_visibility(spec: Spec, lq: int, lk: int, device) -> torch.Tensor:
     """(Lq, Lk) bool for a packed batch: segment i of queries sees segment i of keys (causal/window inside)."""
-    return visibility.varlen_visibility(spec.cu_seqlens_q, spec.cu_seqlens_k, lq, lk, spec.causal, spec.window, device)
+    return visibility.varlen_visibility(spec.cu_seqlens_q, spec.cu_seqlens_k, lq, lk, spec.causal, spec.window, device,
+                                        chunk=spec.attention_chunk)
 
 
 def varlen_alibi_distance(spec: Spec, lq: int, lk: int, device, dtype=torch.float32) -> torch.Tensor:

@@ -50,6 +50,10 @@ class Claims:
     page_sizes: Union[Tuple[int, ...], Callable[[int], bool]] = DEFAULT_PAGE_SIZES
     append: bool = False
     num_splits: Tuple[int, ...] = ()
+    # issue 23 (docs/adapters.md): learnable per-head sinks (forward; their gradient with backward),
+    # chunked local attention (Spec.attention_chunk)
+    sinks: bool = False
+    attention_chunk: bool = False
 
     def page_size_ok(self, s: int) -> bool:
         ps = self.page_sizes
@@ -69,7 +73,7 @@ class Claims:
 
     def summary(self) -> str:
         feats = [f for f in ("window", "softcap", "alibi", "attn_mask", "gqa", "varlen", "dropout", "backward", "lse",
-                             "deterministic", "kv_cache", "paged", "append") if getattr(self, f)]
+                             "deterministic", "kv_cache", "paged", "append", "sinks", "attention_chunk") if getattr(self, f)]
         hd = "predicate" if callable(self.head_dims) else ",".join(map(str, self.head_dims))
         causal = "/".join(c for c in self.causal)
         return (

@@ -101,7 +101,7 @@ def _rows_cols(t, q0, q1, k0, k1):
 def _attend(q, kk, vv, spec: Spec, acc, bias, vis, keep):
     """Dense attention of q against kk/vv (already repeated for GQA): returns (out in q.dtype, lse in acc)."""
     lk = kk.shape[2]
-    if lk == 0:  # nothing to attend to: a fully-masked block
+    if lk == 0 and spec.sinks is None:  # nothing to attend to: a fully-masked block
         # an empty sum keeps q and v in the graph (zero gradients) without touching their values
         link = q[..., :0].sum() + vv[..., :0].sum()
         return (q.new_zeros(*q.shape[:-1], vv.shape[-1]) + link.to(q.dtype),
@@ -114,7 +114,14 @@ def _attend(q, kk, vv, spec: Spec, acc, bias, vis, keep):
     if vis is not None:
         s = s.masked_fill(~vis, NEG_INF)
     keep_scale = None if keep is None else keep.to(acc) / (1.0 - spec.dropout_p)
-    return _SoftmaxPV.apply(s, vv.to(acc), keep_scale, q.dtype)
+    vv = vv.to(acc)
+    if spec.sinks is not None:  # the sink: one more score column (per head) over a zero value row
+        sink = spec.sinks.to(device=s.device, dtype=acc).reshape(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+        s = torch.cat([s, sink], dim=-1)
+        vv = torch.cat([vv, vv.new_zeros(*vv.shape[:-2], 1, vv.shape[-1])], dim=-2)
+        if keep_scale is not None:  # the sink is never dropped (it has no value to drop)
+            keep_scale = torch.cat([keep_scale, keep_scale.new_ones(*keep_scale.shape[:-1], 1)], dim=-1)
+    return _SoftmaxPV.apply(s, vv, keep_scale, q.dtype)
 
 
 @adapter(
@@ -127,7 +134,7 @@ def _attend(q, kk, vv, spec: Spec, acc, bias, vis, keep):
     window=True, softcap=True, alibi=True, attn_mask=True, gqa=True, varlen=True, dropout=True,
     backward=True, lse=True, dv_ne_d=True, fully_masked="zeros", deterministic=True,
     memory="quadratic", kv_cache=True, paged=True, page_sizes=lambda p: p >= 1, append=True,
-    num_splits=(1, 2, 3, 4, 5, 8, 16, 32),
+    num_splits=(1, 2, 3, 4, 5, 8, 16, 32), sinks=True, attention_chunk=True,
     description="eager PyTorch, input dtype, float32 softmax (the same-dtype baseline)",
 )
 def naive(q, k, v, spec: Spec):
@@ -140,6 +147,7 @@ def naive_serving(q, k, v, spec: Spec):
 
     if spec.cache_seqlens is not None:
         return cache_attention(q, k, v, spec, naive_serving)
-    if spec.num_splits is not None and spec.num_splits > 1 and not spec.is_varlen and spec.dropout_p == 0:
+    if (spec.num_splits is not None and spec.num_splits > 1 and not spec.is_varlen and spec.dropout_p == 0
+            and spec.sinks is None):  # (with sinks: one pass; the sink joins the denominator once)
         return split_attention(q, k, v, spec, spec.num_splits)
     return naive_attention(q, k, v, spec.replace(num_splits=None) if spec.num_splits else spec)

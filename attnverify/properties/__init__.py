@@ -14,8 +14,10 @@ from ._contract import CONTRACT_PROPERTIES, install as _install_contract
 _install_contract(PROPERTIES)
 from .serving import SERVING_PROPERTIES  # noqa: E402  (issue 22: KV caches, split-KV)
 from .splitkv import SPLIT_PROPERTIES  # noqa: E402
+from .sinks import SINK_PROPERTIES  # noqa: E402  (issue 23: sinks, chunked local attention)
+from .mla import MLA_PROPERTIES  # noqa: E402  (issue 23: MLA latent K/V views)
 
-PROPERTIES.extend(p for p in SERVING_PROPERTIES + SPLIT_PROPERTIES if p.name not in {q.name for q in PROPERTIES})
+PROPERTIES.extend(p for p in SERVING_PROPERTIES + SPLIT_PROPERTIES + SINK_PROPERTIES + MLA_PROPERTIES if p.name not in {q.name for q in PROPERTIES})
 from .base import ExampleResult, Property
 from .profiles import DEFAULT_PROFILE, hypothesis_settings, register_profiles
 

@@ -45,6 +45,11 @@ def _params(spec: Spec, q: torch.Tensor, attn_mask, keep, b: int, hq: int) -> _P
             mask = mask.unsqueeze(0)
     if keep is not None and spec.dropout_p == 0:
         keep = None
+    sinks = None
+    if spec.sinks is not None:
+        sinks = torch.as_tensor(spec.sinks).to(device=q.device, dtype=torch.float64).reshape(-1)
+        if sinks.shape[0] != hq:
+            raise ValueError(f"spec.sinks has shape {tuple(spec.sinks.shape)}; expected ({hq},), one logit per query head")
     return _Params(
         scale=spec.resolved_scale(q.shape[-1]),
         causal=spec.causal,
@@ -54,6 +59,8 @@ def _params(spec: Spec, q: torch.Tensor, attn_mask, keep, b: int, hq: int) -> _P
         mask=mask,
         dropout_p=float(spec.dropout_p),
         keep=keep,
+        sinks=sinks,
+        chunk=spec.attention_chunk,
     )
 
 
@@ -81,7 +88,7 @@ def _segments(spec: Spec):
 def _seg_params(base: _Params, keep, q0, q1, k0, k1) -> _Params:
     return _Params(
         base.scale, base.causal, base.window, base.softcap, base.alibi, None, base.dropout_p,
-        None if keep is None else keep[:, :, q0:q1, k0:k1],
+        None if keep is None else keep[:, :, q0:q1, k0:k1], base.sinks, base.chunk,
     )
 
 
@@ -143,15 +150,20 @@ def reference_backward(
     dq = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float64, device=q.device)
     dv = torch.zeros(v.shape, dtype=torch.float64, device=q.device)
+    dsinks = None if p.sinks is None else torch.zeros(hq, dtype=torch.float64, device=q.device)
     for q0, q1, k0, k1 in _segments(spec):
-        if q1 == q0 or k1 == k0:
+        if q1 == q0 or (k1 == k0 and dsinks is None):  # rows without keys: LSE = sink still has a gradient
             continue
         g = _dense_backward(
             q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], _seg_params(p, p.keep, q0, q1, k0, k1),
             d_out[:, :, q0:q1], None if d_lse is None else d_lse[:, :, q0:q1], block_q,
         )
-        dq[:, :, q0:q1], dk[:, :, k0:k1], dv[:, :, k0:k1] = g.dq, g.dk, g.dv
-    return ReferenceGrads(dq, dk, dv)
+        dq[:, :, q0:q1] = g.dq
+        if k1 > k0:
+            dk[:, :, k0:k1], dv[:, :, k0:k1] = g.dk, g.dv
+        if dsinks is not None:
+            dsinks += g.dsinks
+    return ReferenceGrads(dq, dk, dv, dsinks)
 
 
 def visible_counts(lq: int, lk: int, spec: Spec, batch: int = 1, heads: int = 1) -> torch.Tensor:

@@ -29,6 +29,8 @@ class _Params:
     mask: Optional[torch.Tensor]  # broadcastable (B, H, Lq, Lk), bool or float
     dropout_p: float
     keep: Optional[torch.Tensor]  # bool (B, H, Lq, Lk) or None
+    sinks: Optional[torch.Tensor] = None  # (H,) float64 sink logits joining each row's denominator
+    chunk: Optional[int] = None  # chunked local attention: diag // chunk == j // chunk
 
 
 @dataclass
@@ -42,6 +44,7 @@ class ReferenceGrads:
     dq: torch.Tensor
     dk: torch.Tensor
     dv: torch.Tensor
+    dsinks: Optional[torch.Tensor] = None  # (Hq,) float64 when the spec has sinks
 
 
 def _block_rows(b: int, h: int, lk: int, block_q: Optional[int]) -> int:
@@ -53,7 +56,7 @@ def _block_rows(b: int, h: int, lk: int, block_q: Optional[int]) -> int:
 
 def _visible(i0: int, i1: int, lq: int, lk: int, p: _Params, device) -> Optional[torch.Tensor]:
     """Positional visibility (causal, window) of queries [i0, i1) as a (rows, Lk) bool, or None."""
-    if p.causal == "none" and p.window is None:
+    if p.causal == "none" and p.window is None and p.chunk is None:
         return None
     i = torch.arange(i0, i1, device=device).unsqueeze(1)
     j = torch.arange(lk, device=device).unsqueeze(0)
@@ -69,6 +72,8 @@ def _visible(i0: int, i1: int, lq: int, lk: int, p: _Params, device) -> Optional
             vis &= j >= diag - left
         if right >= 0:
             vis &= j <= diag + right
+    if p.chunk is not None:  # a query at position diag sees only keys of its own chunk
+        vis &= torch.div(j, p.chunk, rounding_mode="floor") == torch.div(i + (lk - lq), p.chunk, rounding_mode="floor")
     return vis
 
 
@@ -99,14 +104,27 @@ def _scores(qb, k, i0, i1, lq, lk, p: _Params):
     return s, s_pre, vis
 
 
-def _row_stats(s: torch.Tensor):
-    """Row max (for stability) and LSE; rows without a finite max keep their NaN/inf nature."""
+def _row_stats(s: torch.Tensor, sink: Optional[torch.Tensor] = None):
+    """Row max (for stability) and LSE; rows without a finite max keep their NaN/inf nature.
+
+    With `sink` (broadcastable (B, H, 1, 1)): m = max(max_j s_j, sink), l = exp(sink - m) + sum_j exp(s_j - m),
+    LSE = m + log(l); a row without visible keys gets l = 1 and LSE = sink. Returns (e, l, lse, e_sink)."""
     m = s.amax(dim=-1, keepdim=True)
+    if sink is not None:
+        m = torch.maximum(m, sink.expand_as(m))
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(s - m_safe)
     l = e.sum(dim=-1, keepdim=True)
+    e_sink = None
+    if sink is not None:
+        e_sink = torch.exp(sink - m_safe)
+        l = l + e_sink
     lse = m_safe + torch.log(l)  # l == 0 -> -inf (fully masked); NaN/inf propagate
-    return e, l, lse
+    return e, l, lse, e_sink
+
+
+def _sink(p: _Params):
+    return None if p.sinks is None else p.sinks[None, :, None, None]
 
 
 def _nonfinite_pv(weights_on: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -147,6 +165,8 @@ def _dense_forward(q, k, v, p: _Params, block_q=None) -> ReferenceResult:
     out = torch.zeros(b, hq, lq, v.shape[-1], dtype=_F64, device=q.device)
     lse = torch.full((b, hq, lq), -math.inf, dtype=_F64, device=q.device)
     if lq == 0 or lk == 0:
+        if p.sinks is not None and lq > 0:  # no key at all: out 0, LSE = the sink
+            lse = p.sinks[None, :, None].expand(b, hq, lq).clone()
         return ReferenceResult(out, lse)
     v_finite = bool(torch.isfinite(v).all())
     v_clean = v if v_finite else torch.where(torch.isfinite(v), v, torch.zeros_like(v))
@@ -154,7 +174,7 @@ def _dense_forward(q, k, v, p: _Params, block_q=None) -> ReferenceResult:
     for i0 in range(0, lq, rows):
         i1 = min(lq, i0 + rows)
         s, _, _ = _scores(q[:, :, i0:i1], k, i0, i1, lq, lk, p)
-        e, l, lse_b = _row_stats(s)
+        e, l, lse_b, _ = _row_stats(s, _sink(p))
         prob = e / torch.where(l > 0, l, torch.ones_like(l))
         if p.keep is not None:
             prob = prob * p.keep[:, :, i0:i1].to(_F64) / (1.0 - p.dropout_p)
@@ -177,13 +197,16 @@ def _dense_backward(q, k, v, p: _Params, d_out, d_lse=None, block_q=None) -> Ref
     dq = torch.zeros_like(q)
     dk = torch.zeros_like(k)
     dv = torch.zeros_like(v)
+    dsinks = None if p.sinks is None else torch.zeros(hq, dtype=_F64, device=q.device)
+    if dsinks is not None and lk == 0 and d_lse is not None:  # no key: LSE = sink
+        dsinks += d_lse.to(_F64).sum(dim=(0, 2)) * torch.isfinite(p.sinks)  # (a -inf sink: none)
     if lq > 0 and lk > 0:
         rows = _block_rows(b, hq, lk, block_q)
         for i0 in range(0, lq, rows):
             i1 = min(lq, i0 + rows)
             qb = q[:, :, i0:i1]
             s, s_pre, _ = _scores(qb, k, i0, i1, lq, lk, p)
-            e, l, _ = _row_stats(s)
+            e, l, _, e_sink = _row_stats(s, _sink(p))
             prob = e / torch.where(l > 0, l, torch.ones_like(l))
             on = s > -math.inf
             do = d_out[:, :, i0:i1]
@@ -197,6 +220,10 @@ def _dense_backward(q, k, v, p: _Params, d_out, d_lse=None, block_q=None) -> Ref
                 dprob = dprob_dropped
             dprob = torch.where(on, dprob, torch.zeros_like(dprob))
             delta = (prob * dprob).sum(-1, keepdim=True)
+            if dsinks is not None:  # d out_i / d sink = -P_sink,i out_i; d lse_i / d sink = P_sink,i
+                p_sink = e_sink / torch.where(l > 0, l, torch.ones_like(l))
+                g_sink = -delta if d_lse is None else d_lse.to(_F64)[:, :, i0:i1].unsqueeze(-1) - delta
+                dsinks += (p_sink * g_sink).sum(dim=(0, 2, 3))
             ds = prob * (dprob - delta)
             if d_lse is not None:
                 ds = ds + prob * d_lse.to(_F64)[:, :, i0:i1].unsqueeze(-1)
@@ -209,4 +236,4 @@ def _dense_backward(q, k, v, p: _Params, d_out, d_lse=None, block_q=None) -> Ref
     if g > 1:
         dk = dk.reshape(b, hkv, g, lk, dk.shape[-1]).sum(2)  # explicit sizes: lk may be 0
         dv = dv.reshape(b, hkv, g, lk, dv.shape[-1]).sum(2)
-    return ReferenceGrads(dq, dk, dv)
+    return ReferenceGrads(dq, dk, dv, dsinks)

@@ -1,0 +1,268 @@
+"""Properties of learnable attention sinks (Spec.sinks) and chunked local attention (Spec.attention_chunk).
+
+    sinks_match_reference     out, LSE, dQ/dK/dV and the sink's gradient against the float64 reference
+    sink_as_extra_key         a sink equals one more key with that score and a zero value row
+    sink_limits               sinks of -inf equal no sink; a row with no visible key gives 0 and LSE = sink
+    sinks_paged               a paged-KV call with sinks against the reference over the gathered keys
+    chunked_matches_reference chunked local attention (with causal, window, varlen where claimed)
+
+Sinks are drawn beside the recipe as plain data ({"sinks": {"kind", "level", "seed"}}), so a drawn example
+replays: normal logits, large ones dominating every row, -inf, and a mix per head.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import torch
+from hypothesis import strategies as st
+
+from ..case import Case
+from ..check import check, unclaimed, unpack_output
+from ..compare import compare, error_stats
+from ..reference import reference_backward, reference_forward
+from ..tolerances import tolerance_for
+from ._props import CaseProperty, _result_from_check
+from .base import ExampleResult
+from .serving import CacheProperty, judge_pairs, run
+
+SINK_KINDS = ("normal", "dominant", "neg_inf", "mixed")
+
+
+def sink_params():
+    """A strategy of the JSON-able sink description drawn beside a recipe."""
+    return st.fixed_dictionaries({
+        "kind": st.sampled_from(SINK_KINDS),
+        "level": st.sampled_from([0.5, 2.0, 8.0, 30.0]),
+        "seed": st.integers(0, 2**16),
+    }).map(lambda d: {"sinks": d})
+
+
+def make_sinks(hq: int, d: dict, device="cpu") -> torch.Tensor:
+    """(Hq,) float32 sink logits from a drawn description (see sink_params)."""
+    gen = torch.Generator().manual_seed(int(d.get("seed", 0)))
+    kind, level = d.get("kind", "normal"), float(d.get("level", 1.0))
+    if kind not in SINK_KINDS:
+        raise ValueError(f"sinks kind={kind!r}: use one of {SINK_KINDS}")
+    x = torch.randn(hq, generator=gen) * level
+    if kind == "dominant":  # far above any score of a drawn row: the sink takes nearly all the weight
+        x = level + 10.0 + x.abs()
+    elif kind == "neg_inf":
+        x = torch.full((hq,), -math.inf)
+    elif kind == "mixed":
+        pick = torch.randint(0, 3, (hq,), generator=gen)
+        x = torch.where(pick == 0, torch.full_like(x, -math.inf), torch.where(pick == 1, level + 10.0 + x.abs(), x))
+    return x.to(torch.float32).to(device)
+
+
+def with_spec(case: Case, **changes) -> Case:
+    return Case(case.q, case.k, case.v, case.spec.replace(**changes), seed=case.seed, recipe=case.recipe,
+                label=case.label)
+
+
+def with_sinks(case: Case, params: dict) -> Case:
+    return with_spec(case, sinks=make_sinks(case.q.shape[1], params["sinks"], case.q.device))
+
+
+class SinkProperty(CaseProperty):
+    """Draws sinks beside the recipe; the LSE is always asked for where claimed (LSE = sink is half the contract)."""
+
+    needs = ("sinks",)
+
+    def kwargs(self, adapter):
+        return dict(self.case_kwargs, return_lse=bool(adapter.claims.lse))
+
+    def adapt(self, adapter, r):
+        return dataclasses.replace(r, return_lse=bool(adapter.claims.lse))
+
+    def params(self, adapter):
+        return sink_params()
+
+    def default_params(self):
+        return {"sinks": {"kind": "mixed", "level": 2.0, "seed": 0}}
+
+
+def sink_gradient(adapter, case: Case) -> Optional[dict]:
+    """{"dsinks": (got, expected float64)} for one backward through the sinks, or {"dsinks": (None, exp)}."""
+    s = case.spec
+    sinks = s.sinks.detach().clone().requires_grad_(True)
+    gen = torch.Generator().manual_seed(int(case.seed) + 23)
+    q, k, v = (t.detach() for t in (case.q, case.k, case.v))
+    out, lse, _ = unpack_output(adapter(q, k, v, s.replace(sinks=sinks)))
+    d_out = torch.randn(out.shape, generator=gen, dtype=torch.float32).to(out.device)
+    ref_lse = reference_forward(q, k, v, s).lse
+    d_lse = None
+    loss = (out.float() * d_out).sum()
+    if isinstance(lse, torch.Tensor) and s.return_lse:
+        d_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float32).to(out.device)
+        d_lse = torch.where(torch.isfinite(ref_lse.to(d_lse.device)), d_lse, torch.zeros_like(d_lse))
+        loss = loss + (torch.where(torch.isfinite(lse.float()), lse.float(), torch.zeros_like(lse.float())) * d_lse).sum()
+    got = torch.autograd.grad(loss, sinks, allow_unused=True)[0] if loss.requires_grad else None
+    exp = reference_backward(q, k, v, s, d_out.double(), None if d_lse is None else d_lse.double()).dsinks
+    return {"dsinks": (None if got is None else got.detach(), exp)}
+
+
+class SinksMatchReference(SinkProperty):
+    name = "sinks_match_reference"
+    doc = ("With per-head sinks (the gpt-oss denominator, docs/adapters.md), the output, LSE and dQ/dK/dV match the "
+           "float64 reference, and with backward the sink's gradient matches the reference's dsinks.")
+    case_kwargs = dict(dropout=False, poison=False)
+
+    def judge(self, adapter, case, params):
+        case = with_sinks(case, params)
+        res = _result_from_check(check(adapter, case, backward=adapter.claims.backward), case)
+        if not res.passed or not adapter.claims.backward:
+            return res
+        return judge_dsinks(self, adapter, case, params)
+
+
+def judge_dsinks(prop, adapter, case, params) -> ExampleResult:
+    """The sink's gradient against the reference; the bound is widened by what naive gives on the same call."""
+    from ..adapters.naive import naive
+
+    got, exp = sink_gradient(adapter, case)["dsinks"]
+    base = None
+    if case.dtype in naive.claims.dtypes and unclaimed(naive, case) is None:
+        base = error_stats(*sink_gradient(naive, case)["dsinks"])
+    scale = float(exp.abs().max()) if exp.numel() else 0.0
+    tol = tolerance_for("dq", case.dtype, baseline_rel_l2=base[0] if base else None,
+                        baseline_max_abs=base[1] if base else None, scale_floor=scale)
+    if got is None:
+        msg = f"[{adapter.name}] {prop.name} FAILED: {case.describe()}\ndsinks: no gradient reached the sinks, " \
+              f"although {adapter.name} claims backward and sinks (a sink logit has gradient sum_i P_sink,i (dLSE_i - D_i))"
+        return ExampleResult(False, msg, severity=1e30, case=case.to_dict())
+    c = compare("dsinks", got.detach().double().cpu(), exp.cpu(), tol)
+    if c.passed:
+        return ExampleResult(True, records=[c.to_dict()], case=case.to_dict())
+    return ExampleResult(False, "\n".join([f"[{adapter.name}] {prop.name} FAILED: {case.describe()}", prop.doc,
+                                           c.message(), f"parameters: {params}"]),
+                         severity=min(c.rel_l2 / c.tol_norm if c.tol_norm > 0 else 1e30, 1e30),
+                         records=[c.to_dict()], case=case.to_dict())
+
+
+def extra_key_case(case: Case) -> Case:
+    """The same call without sinks: one more key (score 0 from a zero key, plus the sink through a float mask)
+    over a zero value row; the positional visibility of the original call moves into the mask."""
+    from .. import visibility
+
+    s = case.spec
+    b, hq, lq, _ = case.q.shape
+    lk = case.k.shape[2]
+    zk = case.k.new_zeros(*case.k.shape[:2], 1, case.k.shape[3])
+    zv = case.v.new_zeros(*case.v.shape[:2], 1, case.v.shape[3])
+    vis = visibility.positional_visibility(lq, lk, s.causal, s.window, case.q.device, chunk=s.attention_chunk)
+    mask = torch.zeros(1, hq, lq, lk + 1, dtype=torch.float32, device=case.q.device)
+    if vis is not None:
+        mask[..., :lk] = torch.where(vis, 0.0, -math.inf)
+    mask[..., lk] = s.sinks.to(mask.device).float()[:, None]
+    spec = s.replace(sinks=None, causal="none", window=None, attention_chunk=None, attn_mask=mask,
+                     scale=s.resolved_scale(case.q.shape[-1]))
+    return Case(case.q, torch.cat([case.k, zk], dim=2), torch.cat([case.v, zv], dim=2), spec, seed=case.seed)
+
+
+class SinkAsExtraKey(SinkProperty):
+    name = "sink_as_extra_key"
+    doc = ("A sink equals one more key whose score is the sink (a zero key plus the sink in a float mask) and whose "
+           "value row is zero; compared with the adapter's own extra-key call where it claims one, else the reference's.")
+    case_kwargs = dict(dropout=False, poison=False, varlen=False, alibi=False, attn_mask=False)
+
+    def keep(self, r):  # the extra key moves causal/window into a float mask: no varlen, masks, ALiBi, dropout
+        return r.seqlens_q is None and r.mask == "none" and r.key_block is None and not r.masked_rows \
+            and not r.alibi and not r.dropout_p and not r.poison
+
+    def judge(self, adapter, case, params):
+        case = with_sinks(case, params)
+
+        def pairs(a, c):
+            got = run(a, c.q, c.k, c.v, c.spec)
+            ext = extra_key_case(c)
+            if unclaimed(a, ext) is None:
+                exp = run(a, ext.q, ext.k, ext.v, ext.spec)
+            else:
+                r = reference_forward(ext.q, ext.k, ext.v, ext.spec)
+                exp = {"out": r.out, "lse": r.lse}
+            return {n: (got[n], exp[n].double().cpu()) for n in got if n in exp}
+
+        return judge_pairs(self, adapter, case, params, pairs)
+
+
+class SinkLimits(SinkProperty):
+    name = "sink_limits"
+    doc = ("Sinks of -inf give what no sink gives; a row with no visible key returns 0 and LSE = its head's sink.")
+    case_kwargs = dict(dropout=False, poison=False)
+
+    def judge(self, adapter, case, params):
+        case = with_sinks(case, params)
+        problems = []
+
+        def pairs(a, c):
+            off = with_spec(c, sinks=torch.full_like(c.spec.sinks, -math.inf))
+            got_off = run(a, off.q, off.k, off.v, off.spec)
+            plain = with_spec(c, sinks=None)
+            exp_off = run(a, plain.q, plain.k, plain.v, plain.spec) if unclaimed(a, plain) is None else \
+                {"out": reference_forward(plain.q, plain.k, plain.v, plain.spec).out}
+            out = {"out[sinks=-inf]": (got_off["out"], exp_off["out"].double().cpu())}
+            ref_plain = reference_forward(plain.q, plain.k, plain.v, plain.spec)
+            empty = torch.isneginf(ref_plain.lse)  # rows without a visible key (B, Hq, Lq)
+            if c.spec.is_varlen:  # rows past the last segment belong to no sequence: not judged
+                last = int(torch.as_tensor(c.spec.cu_seqlens_q)[-1])
+                empty[:, :, last:] = False
+            if bool(empty.any()):
+                got = run(a, c.q, c.k, c.v, c.spec)
+                out["out[no visible key]"] = (got["out"][empty], torch.zeros_like(got["out"][empty], dtype=torch.float64))
+                if "lse" in got:
+                    sink = c.spec.sinks.double().cpu()[None, :, None].expand_as(empty)
+                    out["lse[no visible key]"] = (got["lse"][empty], sink[empty])
+            return out
+
+        return judge_pairs(self, adapter, case, params, pairs, problems)
+
+
+class SinksPaged(CacheProperty):
+    name = "sinks_paged"
+    doc = "A paged-KV call with sinks matches the float64 reference over each batch's gathered keys."
+    needs = ("sinks", "paged")
+    cache_kwargs = dict(paged=True, append=False)
+
+    def params(self, adapter):
+        return sink_params()
+
+    def default_params(self):
+        return {"sinks": {"kind": "mixed", "level": 2.0, "seed": 0}}
+
+    def judge(self, adapter, case, params):
+        case = with_sinks(case, params)
+        ref = reference_forward(case.q, case.k, case.v, case.spec)
+
+        def pairs(a, c):
+            got = run(a, c.q, c.k, c.v, c.spec)
+            res = {"out": (got["out"], ref.out)}
+            if "lse" in got:
+                res["lse"] = (got["lse"], ref.lse)
+            return res
+
+        return judge_pairs(self, adapter, case, params, pairs)
+
+
+class ChunkedMatchesReference(CaseProperty):
+    name = "chunked_matches_reference"
+    doc = ("With attention_chunk = C a query at position p (bottom-right aligned) sees only keys j with j // C == p // C "
+           "(causal and window inside, per varlen segment); out, LSE and gradients match the float64 reference.")
+    needs = ("attention_chunk",)
+    case_kwargs = dict(dropout=False, poison=False)
+
+    def params(self, adapter):
+        return st.fixed_dictionaries({"attention_chunk": st.sampled_from([1, 2, 3, 4, 7, 8, 16, 64])})
+
+    def default_params(self):
+        return {"attention_chunk": 4}
+
+    def judge(self, adapter, case, params):
+        case = with_spec(case, attention_chunk=int(params["attention_chunk"]))
+        return _result_from_check(check(adapter, case, backward=adapter.claims.backward), case)
+
+
+SINK_PROPERTIES = [SinksMatchReference(), SinkAsExtraKey(), SinkLimits(), SinksPaged(), ChunkedMatchesReference()]
+
+__all__ = ["SINK_PROPERTIES", "make_sinks", "sink_params", "extra_key_case", "sink_gradient"]
