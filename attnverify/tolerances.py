@@ -76,12 +76,13 @@ SCORE_U = 4.0
 # of P (about as large on diffuse rows), so it sits near sqrt(2) x expected rounding; 3 leaves room for
 # kernels that round P differently from the baseline (relative to the running max) and for few elements
 # (measured: correct kernels at <= 1.9x it, fp16/bf16, CPU).
-ROUNDING_FACTOR = {"out": 2.25, "lse": 3.0, "dq": 4.0, "dk": 4.0, "dv": 4.0}
+ROUNDING_FACTOR = {"out": 2.25, "lse": 3.0, "dq": 8.0, "dk": 8.0, "dv": 8.0}
 # The baseline factor of the per-case rule. out: 1.5 (correct CPU kernels measured at <= 1.0x naive, naive
 # itself at <= 1.9x the expected rounding; a P@V accumulated in fp16 per 16 keys sits at 2.1x naive and
-# 3.0x the expected rounding at Lk = 200, the ci profile's longest). Gradients keep 4: the CPU flash
-# backward reached 2.6x naive (dV, bf16).
-PER_CASE_FACTOR = {"out": 1.5, "lse": 2.0, "dq": 4.0, "dk": 4.0, "dv": 4.0}
+# 3.0x the expected rounding at Lk = 200, the ci profile's longest). Gradients get 8: the CPU flash
+# backward reached 2.6x naive (dV, bf16), and on the H200 (2026-12-04, ~740 cases each) sdpa-efficient's
+# dQ reached 1.40x and sdpa-flash's 1.01x a bound of 4 (tiny cases: Lq = 1-2, D = 72-256), i.e. 5.6x.
+PER_CASE_FACTOR = {"out": 1.5, "lse": 2.0, "dq": 8.0, "dk": 8.0, "dv": 8.0}
 PER_CASE_DTYPES = ("float16", "bfloat16")
 
 # Accumulation is float32 even for half inputs; float32 inputs get a float32 LSE; an LSE is
