@@ -47,16 +47,18 @@ def main() -> None:
     t0 = time.perf_counter()
     subprocess.run(_cmd(args, os.path.join(one, "reports")), cwd=one, env=env, stdout=subprocess.DEVNULL)
     single = time.perf_counter() - t0
-    procs, starts, ends = [], [], {}
+    procs, ends = [], {}
     t0 = time.perf_counter()
     for k in range(1, args.shards + 1):
         d = os.path.join(root, f"s{k}")
         os.makedirs(d)
         procs.append(subprocess.Popen(_cmd(args, os.path.join(d, "reports"), f"{k}/{args.shards}"), cwd=d, env=env,
                                       stdout=subprocess.DEVNULL))
-    for k, p in enumerate(procs, start=1):
-        p.wait()
-        ends[k] = time.perf_counter() - t0
+    while len(ends) < len(procs):  # each shard's own end (polled: the slowest is not always the first)
+        for k, p in enumerate(procs, start=1):
+            if k not in ends and p.poll() is not None:
+                ends[k] = time.perf_counter() - t0
+        time.sleep(0.1)
     sharded = time.perf_counter() - t0
     union = set()
     for k in range(1, args.shards + 1):
