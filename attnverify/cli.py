@@ -92,7 +92,8 @@ def pytest_args_for_run(ns, extra: List[str], *, gpu: Optional[bool] = None, out
     for flag, val in (("--attn-profile", profile), ("--attn-report", ns.report), ("--attn-seed", ns.seed),
                       ("--attn-device", ns.device), ("--attn-max-examples", ns.max_examples),
                       ("--attn-isolate", ns.isolate), ("--attn-timeout", ns.timeout),
-                      ("--attn-max-bugs", getattr(ns, "max_bugs", None))):
+                      ("--attn-max-bugs", getattr(ns, "max_bugs", None)),
+                      ("--attn-shard", getattr(ns, "shard", None)), ("--attn-db", getattr(ns, "db", None))):
         if val is not None:
             args.append(f"{flag}={val}")
     if getattr(ns, "allow_untested", False):
@@ -341,6 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", "--attn-timeout", dest="timeout", type=float)
     r.add_argument("--max-bugs", "--attn-max-bugs", dest="max_bugs", type=int,
                    help="distinct bugs to look for per property (default: the profile's, 1 in ci, 3 in dev)")
+    r.add_argument("--shard", "--attn-shard", dest="shard", metavar="K/N",
+                   help="run shard K of N: a stable slice of the (adapter, property) pairs (attnverify.shards)")
+    r.add_argument("--db", "--attn-db", dest="db", metavar="URL",
+                   help="shared example database: redis://HOST:PORT/N or github:OWNER/REPO[/ARTIFACT]")
     r.add_argument("-n", "--numprocesses", dest="numprocesses", help="pytest-xdist workers (auto, N)")
     r.add_argument("-k", dest="keyword", help="pytest -k expression over test ids")
     r.add_argument("-q", "--quiet", action="store_true")

@@ -18,6 +18,8 @@ wins, then the environment, then the ini file):
     --attn-only              attn_only           ATTNVERIFY_ONLY          run only the suite (used by `attnverify run`)
     --attn-allow-untested    attn_allow_untested ATTNVERIFY_ALLOW_UNTESTED  pass although an adapter tested nothing
     --attn-max-bugs N        attn_max_bugs       ATTNVERIFY_MAX_BUGS      distinct bugs per property (ci 1, else 3)
+    --attn-shard K/N         attn_shard          ATTNVERIFY_SHARD         run the K-th of N slices (attnverify.shards)
+    --attn-db URL            attn_db             ATTNVERIFY_DB            shared example database (attnverify.exampledb)
 
 A run in which a requested adapter tested nothing (unavailable here, or every property skipped) fails
 with a message saying why and how to fix it (attnverify.untested) unless --attn-allow-untested is given.
@@ -99,6 +101,10 @@ OPTIONS = (
     _Opt("attn_max_bugs", "--attn-max-bugs", "attn_max_bugs", "ATTNVERIFY_MAX_BUGS", None,
          "distinct bugs to look for per property: after a failure the search goes on outside the found bug's "
          "needs (default: the profile's, 1 in ci, 3 in dev and thorough)", kind="int"),
+    _Opt("attn_shard", "--attn-shard", "attn_shard", "ATTNVERIFY_SHARD", None,
+         "run only shard K of N (e.g. 2/4): a stable slice of the (adapter, property) pairs; N jobs cover the run"),
+    _Opt("attn_db", "--attn-db", "attn_db", "ATTNVERIFY_DB", None,
+         "shared example database beside the local one: redis://HOST:PORT/N or github:OWNER/REPO[/ARTIFACT]"),
 )
 
 
@@ -287,6 +293,8 @@ class Settings:
     probed: set = field(default_factory=set)  # (adapter, device) whose conventions this process journaled
     cwd: str = ""  # the folder pytest was invoked from (adapter origins are recorded relative to it)
     max_bugs: Optional[int] = None  # --attn-max-bugs (None: the profile's, attnverify.properties.profiles.MAX_BUGS)
+    shard: Optional[tuple] = None  # --attn-shard (K, N) (attnverify.shards); database: --attn-db's (attnverify.exampledb)
+    database: Any = ...
 
     @property
     def is_worker(self) -> bool:
@@ -331,6 +339,7 @@ def pytest_configure(config):
         worker=worker, allow_untested=bool(vals["attn_allow_untested"]), cwd=str(config.invocation_params.dir),
         max_bugs=vals["attn_max_bugs"],
     )
+    _shard_db(config, s)
     if s.max_bugs is not None and s.max_bugs < 1:
         raise pytest.UsageError(f"--attn-max-bugs={s.max_bugs}: give 1 or more (1 stops at the first failure)")
     config.stash[settings_key] = s
@@ -405,6 +414,7 @@ def pytest_sessionstart(session):
             "adapters": [_adapter_info(a, s) for a in s.adapters],
             "properties": [p.name for p in s.properties],
             "argv": list(config.invocation_params.args),
+            **_shards().run_start_record([a.name for a in s.adapters], [p.name for p in s.properties], s.shard),
         })
 
 
@@ -519,6 +529,7 @@ class PropertyItem(pytest.Item):
         try:
             run_property(self.prop, self.adapter, profile=s.profile, seed=s.seed, max_examples=s.max_examples,
                          device=s.device, runner=s.runner, journal=journal, report_dir=_report_for_messages(s),
+                         database=s.database,
                          max_bugs=s.max_bugs, on_bug=lambda bug: _bugs().record_bug(
                              bug, s=s, prop=self.prop, adapter=self.adapter, journal_write=journal,
                              origin=_origin(self.adapter, s)))
@@ -583,6 +594,23 @@ def _bugs():
     return bugs
 
 
+def _shards():
+    from . import shards  # --attn-shard: which (adapter, property) pairs this run takes
+
+    return shards
+
+
+def _shard_db(config, s: Settings) -> None:
+    from .exampledb import DatabaseError, open_database
+
+    (shard, src), (db, db_src) = (_raw_value(config, o) for o in OPTIONS if o.dest in ("attn_shard", "attn_db"))
+    try:
+        s.shard = _shards().parse_shard(shard, src or "--attn-shard")
+        s.database = open_database(db, db_src or "--attn-db")
+    except (_shards().ShardError, DatabaseError) as e:
+        raise pytest.UsageError(str(e)) from None
+
+
 def _record():
     from . import recording  # what the run stores for its report: evidence, convention probes, origins
 
@@ -636,10 +664,11 @@ def pytest_collection_modifyitems(session, config, items):
                 item.add_marker(pytest.mark.xfail(strict=True, raises=KnownFinding,
                                                   reason=f"known finding: {a.known_failures[p.name]}"))
             new.append(item)
+    mine = _shards().select(config, new, s.shard, [a.name for a in s.adapters], [p.name for p in s.properties])
     if s.only:
-        items[:] = new
+        items[:] = mine
     else:
-        items.extend(new)
+        items.extend(mine)
     # count them like collected tests ("collected N items", exit status, -k's "deselected")
     from _pytest.reports import CollectReport
 

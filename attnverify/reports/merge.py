@@ -35,11 +35,22 @@ def _labels(paths: Sequence[str]) -> List[str]:
         base = os.path.basename(os.path.normpath(p))
         parent = os.path.basename(os.path.dirname(os.path.abspath(p)))
         label = safe_id(base if base not in ("reports", "") else (parent or base)) or "run"
+        shard = _shard_label(p)  # where each result ran: a shard's slice joins its label
+        if shard and shard not in label:
+            label = f"{label}-{shard}"
         cand, n = label, 2
         while cand in out:
             cand, n = f"{label}-{n}", n + 1
         out.append(cand)
     return out
+
+
+def _shard_label(path: str) -> Optional[str]:
+    from ..shards import label
+
+    start = next((r for r in last_run(path) if r.get("event") == "run_start"), None) \
+        if os.path.isfile(os.path.join(path, JOURNAL_NAME)) else None
+    return label(start)
 
 
 def _check_out(out: str, sources: Sequence[str]) -> None:
