@@ -18,7 +18,6 @@ import importlib.util
 import os
 import sys
 
-import torch
 
 from ..spec import Output, Spec
 from .base import adapter

@@ -19,7 +19,6 @@ from ..case import Case, CaseRecipe, build_case
 from ..check import bitwise_equal as _same, check, unclaimed, unpack_output as _unpack
 from ..compare import compare, error_stats
 from ..reference import reference_forward
-from ..spec import Spec
 from ..strategies import attention_cases, corpus, fully_masked_row_count
 from ..tolerances import tolerance_for, unit_roundoff
 from ..check import magnitudes, score_bound
