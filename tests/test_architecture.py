@@ -21,11 +21,7 @@ TOO_LONG_ALLOWED = {
 }
 
 # (importing file, imported module, name) -> why it is still allowed; empty this after the merge
-PRIVATE_IMPORTS_ALLOWED = {
-    # both are exported by attnverify.strategies: import them from there (profiles.py is being edited elsewhere)
-    ("attnverify/properties/profiles.py", "attnverify.strategies._profiles", "PROFILE_NAMES"): "fix after the merge",
-    ("attnverify/properties/profiles.py", "attnverify.strategies._profiles", "PROFILES"): "fix after the merge",
-}
+PRIVATE_IMPORTS_ALLOWED: dict = {}
 
 
 def _modules(pkg: pathlib.Path = PKG):

@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from ..adapters.base import Adapter
 from ..case import DTYPES, Case, CaseRecipe, build_case
-from ..check import bitwise_equal as _same, check, magnitudes, score_bound, unclaimed, unpack_output as _unpack
+from ..check import bitwise_equal, check, magnitudes, score_bound, unclaimed, unpack_output
 from ..compare import compare, error_stats
 from ..reference import reference_forward
 from ..spec import Output
@@ -258,7 +258,7 @@ class Guards:
         bad = []
         for name, flat, region, before, _view in self.items:
             now = flat[~region]
-            if not _same(before, now):
+            if not bitwise_equal(before, now):
                 n = int((torch.nan_to_num(before, nan=1.5) != torch.nan_to_num(now, nan=1.5)).sum()
                         + (torch.isnan(before) != torch.isnan(now)).sum())
                 bad.append(f"out-of-bounds write: {n} element(s) of the memory around {name} changed "
@@ -295,7 +295,7 @@ def structure_problems(adapter: Adapter, case: Case, result, q=None, k=None, v=N
     v = case.v if v is None else v
     b, hq, lq, _ = q.shape
     lk, dv = k.shape[2], v.shape[-1]
-    out, lse, keep = _unpack(result)
+    out, lse, keep = unpack_output(result)
     probs: List[str] = []
 
     def tensor_checks(name, t, shape, dtype, allow_dtypes=None):
@@ -413,16 +413,16 @@ class OutputsFullyWritten(CaseProperty):
                 buf = g.wrap("the out= buffer", torch.full((b, hq, lq, v.shape[-1]), math.nan, dtype=q.dtype,
                                                            device=q.device))
                 result = adapter.fn(q, k, v, spec, out=buf)
-                o = _unpack(result)[0]
+                o = unpack_output(result)[0]
                 out_probs.extend(g.verify())
                 if isinstance(o, torch.Tensor) and o.data_ptr() != buf.data_ptr():
-                    if not _same(o.detach(), buf.detach()):
+                    if not bitwise_equal(o.detach(), buf.detach()):
                         out_probs.append("the returned output differs from the out= buffer it was given "
                                          "(the buffer was not, or not fully, written)")
             else:
                 result = adapter.fn(q, k, v, spec)
             seen["result"] = result
-            return _rewrap(result, _on_backward(_unpack(result)[0], poison))
+            return _rewrap(result, _on_backward(unpack_output(result)[0], poison))
 
         res = check(_proxy(adapter, fn), case, backward=bwd)
         out = _from_check(res, case)
@@ -484,7 +484,7 @@ class NoOutOfBounds(CaseProperty):
         def fn(q, k, v, spec):
             qg, kg, vg = _guarded(q, guards, "q"), _guarded(k, guards, "k"), _guarded(v, guards, "v")
             result = adapter.fn(qg, kg, vg, spec)
-            return _rewrap(result, _on_backward(_unpack(result)[0], dout_guard))
+            return _rewrap(result, _on_backward(unpack_output(result)[0], dout_guard))
 
         res = check(_proxy(adapter, fn), case, backward=claims.backward)
         faulted = False
@@ -543,7 +543,7 @@ class NoOutOfBounds(CaseProperty):
         # judged against the adapter's own answer without sentinels: a leak is a change, and how
         # accurate that answer is belongs to forward_matches_reference (an accuracy edge had failed here)
         with torch.no_grad():
-            clean, _, _ = _unpack(adapter(case.q, case.k, case.v, s))
+            clean, _, _ = unpack_output(adapter(case.q, case.k, case.v, s))
         if isinstance(clean, torch.Tensor) and tuple(clean.shape) == tuple(ref.out.shape):
             expected = clean.detach().double()
         else:
@@ -556,7 +556,7 @@ class NoOutOfBounds(CaseProperty):
             _sentinel_fill(tmp)
             seg.copy_(tmp.view(seg.shape))
             with torch.no_grad():
-                got, _, _ = _unpack(adapter(case.q, k2, v2, s))
+                got, _, _ = unpack_output(adapter(case.q, k2, v2, s))
             c = compare("out", got, expected, tol, ignore=ign.to(expected.device))
             c.name = f"out (sentinels in {which} of segment {j})"
             recs.append(c.to_dict())
@@ -596,7 +596,7 @@ class InputsUnmodified(_props.InputsUnmodified):
         live = {**named, "q": q, "k": k, "v": v}
         bad = []
         with torch.enable_grad() if bwd else torch.no_grad():
-            out, lse, _ = _unpack(adapter(q, k, v, s))
+            out, lse, _ = unpack_output(adapter(q, k, v, s))
         for n, t in live.items():
             if _digest(t) != before[n]:
                 bad.append(f"{n} was modified by forward ({_what_changed(named[n], t)})")
@@ -675,8 +675,8 @@ class RepeatAndInterleaveStable(MetamorphicProperty):
             if emb is None:
                 return {}
             with torch.no_grad():
-                alone = _unpack(naive(case.q, case.k, case.v, case.spec.replace(return_lse=True)))
-                big = _unpack(naive(*emb[:3], emb[3].replace(return_lse=True)))
+                alone = unpack_output(naive(case.q, case.k, case.v, case.spec.replace(return_lse=True)))
+                big = unpack_output(naive(*emb[:3], emb[3].replace(return_lse=True)))
             sl = emb[4]
             return {"out:in_batch": error_stats(big[0][sl], alone[0].double()),
                     "lse:in_batch": error_stats(big[1][sl], alone[1].double())}
@@ -720,7 +720,7 @@ class RepeatAndInterleaveStable(MetamorphicProperty):
         if emb is not None:
             big_q, big_k, big_v, big_spec, sl = emb
             with torch.no_grad():
-                o, lse, _ = _unpack(adapter(big_q, big_k, big_v, big_spec))
+                o, lse, _ = unpack_output(adapter(big_q, big_k, big_v, big_spec))
             pairs["out:in_batch"] = (o[sl], first["out"])
             if "lse" in first and isinstance(lse, torch.Tensor):
                 pairs["lse:in_batch"] = (lse[sl].float(), first["lse"])
@@ -890,7 +890,7 @@ class Contract(CaseProperty):
         except Exception:
             return None
         head = f"unclaimed dtype {dname} (claims {', '.join(adapter.claims.dtypes)}): {_returned(result)}"
-        out = _unpack(result)[0]
+        out = unpack_output(result)[0]
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (*q.shape[:3], v.shape[-1]):
             return head + " of the wrong shape instead of raising"
         if out.dtype != udt:
@@ -910,7 +910,7 @@ class Contract(CaseProperty):
 
 
 def _returned(result) -> str:
-    out = _unpack(result)[0]
+    out = unpack_output(result)[0]
     if not isinstance(out, torch.Tensor):
         return f"returned a {type(out).__name__}"
     fin = ""
@@ -961,10 +961,10 @@ class NonDefaultStream(CaseProperty):
             with torch.cuda.stream(side):
                 ql, kl, vl = late(q), late(k), late(v)
                 result = adapter.fn(ql, kl, vl, spec)
-                out = _on_backward(_unpack(result)[0], dout_late)
+                out = _on_backward(unpack_output(result)[0], dout_late)
                 result = _rewrap(result, out)
             caller.wait_stream(side)
-            for t in (_unpack(result)[0], _unpack(result)[1]):
+            for t in (unpack_output(result)[0], unpack_output(result)[1]):
                 if isinstance(t, torch.Tensor) and t.is_cuda:
                     t.record_stream(caller)
             return result
@@ -1009,7 +1009,7 @@ class CudaGraphReplay(CaseProperty):
             torch.cuda.synchronize()
             return _skipped(f"{adapter.name} cannot be captured in a CUDA graph: {type(e).__name__}: "
                             f"{str(e).splitlines()[0][:300] if str(e) else ''}", case)
-        s_out, s_lse, _ = _unpack(static)
+        s_out, s_lse, _ = unpack_output(static)
         results = []
         for bump in (1, 2):  # two replays with different contents
             r2 = dataclasses.replace(case.recipe, seed=(case.recipe.seed + 1000 * bump) % 2**31) if case.recipe else None
@@ -1130,11 +1130,11 @@ class MemoryScaling(Property):
 
                 def call(q=q, k=k, v=v):
                     if bwd:
-                        o = _unpack(adapter(q, k, v, spec))[0]
+                        o = unpack_output(adapter(q, k, v, spec))[0]
                         grads = torch.autograd.grad([o], [q, k, v], [d_out])
                         return o, grads
                     with torch.no_grad():
-                        return _unpack(adapter(q, k, v, spec))[0]
+                        return unpack_output(adapter(q, k, v, spec))[0]
 
                 # warm-up only on a GPU (compilation, autotuning, cuBLAS workspaces); a CPU run has none worth
                 # the time, and a one-time allocation at N only lowers the fitted quadratic part

@@ -16,7 +16,7 @@ import torch
 from hypothesis import strategies as st
 
 from ..case import Case, CaseRecipe, build_case
-from ..check import bitwise_equal as _same, check, unclaimed, unpack_output as _unpack
+from ..check import bitwise_equal, check, unclaimed, unpack_output
 from ..compare import compare, error_stats
 from ..reference import reference_forward
 from ..strategies import attention_cases, corpus, fully_masked_row_count
@@ -250,7 +250,7 @@ class NonfiniteInputsPropagate(CaseProperty):
 
         q, k, v = case.q, case.k, case.v
         with torch.no_grad():
-            out, lse, _ = _unpack(adapter(q, k, v, case.spec))
+            out, lse, _ = unpack_output(adapter(q, k, v, case.spec))
             base = naive_attention(q, k, v, case.spec).out
         ref = reference_forward(q, k, v, case.spec)
         bad_rows = ~torch.isfinite(ref.out).all(-1, keepdim=True).cpu()
@@ -292,7 +292,7 @@ def _call(adapter, q, k, v, spec, *, backward=False, gen_seed=0):
     if backward:
         q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     with torch.enable_grad() if backward else torch.no_grad():
-        out, lse, _ = _unpack(adapter(q, k, v, spec))
+        out, lse, _ = unpack_output(adapter(q, k, v, spec))
     res = {"out": out.detach()}
     if isinstance(lse, torch.Tensor):
         res["lse"] = lse.detach().float()
@@ -565,7 +565,7 @@ class InputsUnmodified(CaseProperty):
         if bwd:
             q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
         with torch.enable_grad() if bwd else torch.no_grad():
-            out, _, _ = _unpack(adapter(q, k, v, case.spec))
+            out, _, _ = unpack_output(adapter(q, k, v, case.spec))
         if bwd:
             out.sum().backward() if out.requires_grad else None
         after = {"q": q, "k": k, "v": v, "attn_mask": case.spec.attn_mask, "alibi_slopes": case.spec.alibi_slopes,
@@ -573,7 +573,7 @@ class InputsUnmodified(CaseProperty):
         bad = []
         for n, (t, stride, off) in before.items():
             a = after[n].detach()
-            if not _same(t, a):
+            if not bitwise_equal(t, a):
                 bad.append(f"{n} was modified in place ({int((t != a).sum())} element(s) changed)")
             elif a.stride() != stride or a.storage_offset() != off:
                 bad.append(f"{n}'s strides/offset changed")
@@ -609,10 +609,10 @@ class Dropout(CaseProperty):
         g = torch.Generator().manual_seed(int(case.seed) + 7)
         vr = torch.randn(case.v.shape, generator=g).to(case.v.device, case.v.dtype)
         with torch.no_grad():
-            out1, _, keep = _unpack(adapter(q, case.k, v, s))
-            r1, _, _ = _unpack(adapter(q, case.k, vr, s))
-            r2, _, _ = _unpack(adapter(q, case.k, vr, s))
-            r3, _, _ = _unpack(adapter(q, case.k, vr, s.replace(seed=int(s.seed or 0) + 1)))
+            out1, _, keep = unpack_output(adapter(q, case.k, v, s))
+            r1, _, _ = unpack_output(adapter(q, case.k, vr, s))
+            r2, _, _ = unpack_output(adapter(q, case.k, vr, s))
+            r3, _, _ = unpack_output(adapter(q, case.k, vr, s.replace(seed=int(s.seed or 0) + 1)))
         problems, recs = [], []
         sev = 0.0
         if keep is not None:  # exact: the reference with the returned keep-mask
@@ -657,10 +657,10 @@ class Dropout(CaseProperty):
                                 f"{lo / trials:.4f} to {hi / trials:.4f}); expected {1 - p:.4f} (binomial test "
                                 f"p-value {pv:.2e} at the most plausible count)")
             sev = max(sev, 1e-6 / max(pv, 1e-300))
-        if not _same(r1, r2):
+        if not bitwise_equal(r1, r2):
             problems.append("the same seed gave a different result")
         # two independent masks agree with probability (p^2 + (1-p)^2)^(elements): judge only where negligible
-        if (p * p + (1 - p) ** 2) ** n_keys < 1e-6 and _same(r1, r3):
+        if (p * p + (1 - p) ** 2) ** n_keys < 1e-6 and bitwise_equal(r1, r3):
             problems.append("a different seed gave the identical result")
         msg = "" if not problems else "\n".join([f"[{adapter.name}] dropout p={p}: {case.describe()}"] + problems)
         return ExampleResult(not problems, msg, severity=min(sev, 1e30) if problems else min(sev, 0.99),
