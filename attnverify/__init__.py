@@ -11,16 +11,39 @@
 
 Nothing here touches a GPU, picks a backend or prints at import.
 """
-from .adapters.base import Adapter, Claims, adapter
-from .adapters.registry import UnknownAdapterError, resolve
-from .case import Case, CaseRecipe, build_case, load_case
+import importlib
+
+# the façade is lazy (PEP 562): `import attnverify` (and so the pytest plugin, loaded in every pytest run)
+# imports neither torch nor hypothesis; `av.check`, `av.Spec`, ... import their module on first use.
 # `check` and `compare` are the modules, callable as their functions (attnverify/callable_module.py):
 # av.check(adapter, case) runs a check, and `attnverify.check` stays a module (import, mock.patch)
-from . import check, compare
-from .check import CheckResult, UsageError, assert_attention_close
-from .compare import Comparison
-from .reference import online_softmax, reference_backward, reference_forward
-from .spec import Output, Spec
+_LAZY = {
+    "Adapter": ".adapters.base", "Claims": ".adapters.base", "adapter": ".adapters.base",
+    "UnknownAdapterError": ".adapters.registry", "resolve": ".adapters.registry",
+    "Case": ".case", "CaseRecipe": ".case", "build_case": ".case", "load_case": ".case",
+    "check": None, "compare": None,
+    "CheckResult": ".check", "UsageError": ".check", "assert_attention_close": ".check",
+    "Comparison": ".compare",
+    "online_softmax": ".reference", "reference_backward": ".reference", "reference_forward": ".reference",
+    "Output": ".spec", "Spec": ".spec",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'attnverify' has no attribute {name!r}")
+    where = _LAZY[name]
+    if where is None:  # a callable module
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

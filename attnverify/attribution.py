@@ -307,8 +307,7 @@ def _is_backward(prop) -> bool:
 
 
 def context(adapter, profile: str) -> dict:
-    from .strategies._profiles import profile_limits
-    from .strategies._shapes import head_dim_candidates
+    from .strategies import head_dim_candidates, profile_limits
 
     t = tuple(adapter.claims.tiles or ()) or (DEFAULT_TILE, DEFAULT_TILE)
     tiles = (int(t[0]), int(t[-1]))

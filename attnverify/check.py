@@ -486,8 +486,6 @@ def assert_attention_close(adapter_or_result, case: Optional[Case] = None, **kw)
 
 # Older private names kept only so branches written before the rename still merge; tests/test_architecture.py
 # forbids importing them across packages. Remove once no branch uses them.
-_unpack = unpack_output
-_same = bitwise_equal
 
 
 make_callable(__name__, check)  # av.check(adapter, case) calls check(); the module stays the module

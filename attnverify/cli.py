@@ -42,7 +42,6 @@ def _plugin_autoloaded() -> bool:
 def _gpu_present() -> bool:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # ask NVML: this process may fork judges
     try:
-        import torch
 
         return bool(cuda_present())
     except Exception:

@@ -184,7 +184,7 @@ def _tile_mass_error(adapter, case, keep):
     """Run the adapter once more with V = one-hot of each key's tile: output column t of row i is then the
     attention mass row i puts on tile t. Compare with the reference's mass. (None, ...) when impossible."""
     from .reference import reference_forward
-    from .check import unpack_output as _unpack
+    from .check import unpack_output
 
     lk, dv = case.k.shape[2], case.v.shape[-1]
     if lk == 0:
@@ -199,7 +199,7 @@ def _tile_mass_error(adapter, case, keep):
     probe = probe.to(case.v.device, case.v.dtype)
     try:
         with torch.no_grad():
-            got, _, _ = _unpack(adapter(case.q, case.k, probe, case.spec))
+            got, _, _ = unpack_output(adapter(case.q, case.k, probe, case.spec))
         exp = reference_forward(case.q, case.k, probe, case.spec, dropout_mask=keep).out
     except Exception:
         return None, "", 0

@@ -35,87 +35,34 @@ sets PYTORCH_NVML_BASED_CUDA_CHECK=1 so that availability checks do not initiali
 Under pytest-xdist on a machine with several GPUs each worker is pinned to one GPU through
 CUDA_VISIBLE_DEVICES before anything can initialise CUDA (an outer CUDA_VISIBLE_DEVICES is honoured;
 the GPU count comes from ATTNVERIFY_GPU_COUNT or `nvidia-smi -L`; ATTNVERIFY_PIN_GPUS=0 turns it off).
+
+This module holds the hooks; the options are in pytest_options.py, the pinning in gpu_pinning.py, the run's
+settings in plugin_settings.py, the test items in plugin_items.py and the summary table in plugin_summary.py.
+It is light: without an attnverify option nothing imports torch, Hypothesis or the properties.
 """
 from __future__ import annotations
 
 import os
 import random
-import re
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Dict
 
 import pytest
 
-from .isolation import cuda_initialised
-
-PROFILES = ("ci", "dev", "thorough")
-DEVICES = ("auto", "cpu", "cuda")
-ISOLATES = ("auto", "subprocess", "none")
-DEFAULT_PROFILE = "dev"
-DEFAULT_REPORT = "reports"
-DEFAULT_TIMEOUT = 60.0
-
-
-# --------------------------------------------------------------------------------------- options
-
-
-@dataclass(frozen=True)
-class _Opt:
-    dest: str
-    flag: str
-    ini: str
-    env: str
-    default: Any
-    help: str
-    choices: Optional[tuple] = None
-    kind: str = "str"  # str | int | float | flag | list
-
-
-OPTIONS = (
-    _Opt("attn_adapter", "--adapter", "attn_adapter", "ATTNVERIFY_ADAPTER", None,
-         "attention adapter to test: a built-in or registered name, package.module:attr, path/to/file.py:attr, "
-         "or `all`; repeat or give a comma list", kind="list"),
-    _Opt("attn_profile", "--attn-profile", "attn_profile", "ATTNVERIFY_PROFILE", DEFAULT_PROFILE,
-         "how hard to search: ci (fast), dev (default), thorough", choices=PROFILES),
-    _Opt("attn_report", "--attn-report", "attn_report", "ATTNVERIFY_REPORT", DEFAULT_REPORT,
-         "report folder: results.jsonl journal and cases/ (default reports/)"),
-    _Opt("attn_seed", "--attn-seed", "attn_seed", "ATTNVERIFY_SEED", None,
-         "Hypothesis seed (default: a fresh one, printed in the header)", kind="int"),
-    _Opt("attn_device", "--attn-device", "attn_device", "ATTNVERIFY_DEVICE", "auto",
-         "device cases are made on: auto (cuda where claimed and present), cpu, cuda", choices=DEVICES),
-    _Opt("attn_max_examples", "--attn-max-examples", "attn_max_examples", "ATTNVERIFY_MAX_EXAMPLES", None,
-         "examples per property (overrides the profile)", kind="int"),
-    _Opt("attn_isolate", "--attn-isolate", "attn_isolate", "ATTNVERIFY_ISOLATE", "auto",
-         "judge each example in a forked child so a crash or hang costs one case: auto, subprocess, none",
-         choices=ISOLATES),
-    _Opt("attn_timeout", "--attn-timeout", "attn_timeout", "ATTNVERIFY_TIMEOUT", DEFAULT_TIMEOUT,
-         "seconds one example may take under subprocess isolation before it fails as a timeout (0: none)",
-         kind="float"),
-    _Opt("attn_only", "--attn-only", "attn_only", "ATTNVERIFY_ONLY", False,
-         "collect only the attnverify suite, not the repo's own tests", kind="flag"),
-    _Opt("attn_allow_untested", "--attn-allow-untested", "attn_allow_untested", "ATTNVERIFY_ALLOW_UNTESTED", False,
-         "let a run pass in which an adapter tested nothing (unavailable here, or every property skipped); "
-         "by default such a run fails", kind="flag"),
-    _Opt("attn_max_bugs", "--attn-max-bugs", "attn_max_bugs", "ATTNVERIFY_MAX_BUGS", None,
-         "distinct bugs to look for per property: after a failure the search goes on outside the found bug's "
-         "needs (default: the profile's, 1 in ci, 3 in dev and thorough)", kind="int"),
-    _Opt("attn_shard", "--attn-shard", "attn_shard", "ATTNVERIFY_SHARD", None,
-         "run only shard K of N (e.g. 2/4): a stable slice of the (adapter, property) pairs; N jobs cover the run"),
-    _Opt("attn_db", "--attn-db", "attn_db", "ATTNVERIFY_DB", None,
-         "shared example database beside the local one: redis://HOST:PORT/N or github:OWNER/REPO[/ARTIFACT]"),
+# light on purpose: pytest loads this module (entry point pytest11) in every run; torch, hypothesis and the
+# properties are imported only once an attnverify option is given
+from .gpu_pinning import gpu_count_without_cuda, gpu_for_worker, pin_worker_gpu, visible_devices
+from .plugin_items import AttnFailure, AttnSuite, KnownFinding, PropertyItem
+from .plugin_settings import (
+    Settings, _adapter_info, _load_properties, _rel, _resolve_adapters, _XdistHooks, get_settings,
+    settings_key,
 )
-
-
-class Hookspecs:
-    @pytest.hookspec
-    def pytest_attnverify_adapters(self, config):
-        """Return an iterable of attnverify Adapters to register (so --adapter finds them by name)."""
-
-    @pytest.hookspec
-    def pytest_attnverify_properties(self, config):
-        """Return an iterable of extra attnverify Property objects to run for every adapter."""
+from .plugin_summary import _Reporter
+from .pytest_options import (
+    DEFAULT_PROFILE, DEFAULT_REPORT, DEFAULT_TIMEOUT, DEVICES, ISOLATES, OPTIONS, PROFILES, Hookspecs, add_options,
+    option_values,
+)
 
 
 def pytest_addhooks(pluginmanager):
@@ -123,122 +70,7 @@ def pytest_addhooks(pluginmanager):
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("attnverify", "attnverify: attention correctness and fuzz testing")
-    for o in OPTIONS:
-        env = f" [env {o.env}, ini {o.ini}]"
-        if o.kind == "list":
-            group.addoption(o.flag, action="append", dest=o.dest, default=None, metavar="NAME", help=o.help + env)
-        elif o.kind == "flag":
-            group.addoption(o.flag, action="store_true", dest=o.dest, default=None, help=o.help + env)
-        else:
-            group.addoption(o.flag, dest=o.dest, default=None, choices=o.choices,
-                            metavar=o.flag.split("-")[-1].upper() if not o.choices else None, help=o.help + env)
-        parser.addini(o.ini, o.help, type="string", default="")
-
-
-def _raw_value(config, o: _Opt):
-    v = config.getoption(o.dest, default=None)
-    if v not in (None, []):
-        return v, o.flag
-    ev = os.environ.get(o.env)
-    if ev not in (None, ""):
-        return ev, o.env
-    try:
-        iv = config.getini(o.ini)
-    except (ValueError, KeyError):
-        iv = ""
-    if iv not in (None, ""):
-        return iv, f"ini {o.ini}"
-    return o.default, None
-
-
-def _convert(o: _Opt, v, source):
-    if v is None:
-        return None
-    try:
-        if o.kind == "list":
-            items = v if isinstance(v, list) else [v]
-            out = []
-            for x in items:
-                out += [s.strip() for s in str(x).split(",") if s.strip()]
-            return out
-        if o.kind == "flag":
-            return v if isinstance(v, bool) else str(v).strip().lower() in ("1", "true", "yes", "on")
-        if o.kind == "int":
-            return int(v)
-        if o.kind == "float":
-            return float(v)
-    except ValueError:
-        raise pytest.UsageError(f"{source}={v!r}: expected {'an integer' if o.kind == 'int' else 'a number'}") from None
-    v = str(v)
-    if o.choices and v not in o.choices:
-        raise pytest.UsageError(f"{source}={v!r}: choose from {', '.join(o.choices)}")
-    return v
-
-
-def option_values(config) -> Dict[str, Any]:
-    out = {}
-    for o in OPTIONS:
-        raw, src = _raw_value(config, o)
-        out[o.dest] = _convert(o, raw, src or o.flag)
-    return out
-
-
-# ----------------------------------------------------------------------------- GPU pinning (xdist)
-
-
-def _worker_index(worker_id: str) -> int:
-    m = re.search(r"(\d+)$", worker_id or "")
-    return int(m.group(1)) if m else 0
-
-
-def gpu_count_without_cuda(environ=None) -> int:
-    """GPUs on this machine without initialising CUDA: ATTNVERIFY_GPU_COUNT, else `nvidia-smi -L`."""
-    environ = os.environ if environ is None else environ
-    if environ.get("ATTNVERIFY_GPU_COUNT", "") != "":
-        return int(environ["ATTNVERIFY_GPU_COUNT"])
-    from .journal import gpu_names
-
-    return len(gpu_names())
-
-
-def visible_devices(outer: Optional[str]) -> List[str]:
-    """The device list an outer CUDA_VISIBLE_DEVICES names (CUDA stops at the first invalid entry)."""
-    devs = []
-    for tok in (outer or "").split(","):
-        tok = tok.strip()
-        if not tok or tok.startswith("-"):
-            break
-        devs.append(tok)
-    return devs
-
-
-def gpu_for_worker(worker_id: str, outer_visible: Optional[str], gpu_count: int) -> Optional[str]:
-    """The CUDA_VISIBLE_DEVICES value for one xdist worker, or None to leave it alone.
-
-    Workers take the visible GPUs round robin (gw0 -> first, gw1 -> second, ...); an outer
-    CUDA_VISIBLE_DEVICES restricts and orders the choice; with one GPU or none nothing changes."""
-    devs = visible_devices(outer_visible) if outer_visible is not None else [str(i) for i in range(gpu_count)]
-    if len(devs) <= 1:
-        return None
-    return devs[_worker_index(worker_id) % len(devs)]
-
-
-def pin_worker_gpu(environ=None, gpu_count: Optional[int] = None) -> Optional[str]:
-    """Set CUDA_VISIBLE_DEVICES for this xdist worker (no-op outside xdist); returns what it set."""
-    environ = os.environ if environ is None else environ
-    wid = environ.get("PYTEST_XDIST_WORKER")
-    if not wid or environ.get("ATTNVERIFY_PIN_GPUS", "1") == "0" or "ATTNVERIFY_PINNED_GPU" in environ:
-        return environ.get("ATTNVERIFY_PINNED_GPU") or None
-    outer = environ.get("CUDA_VISIBLE_DEVICES")
-    n = 0 if outer is not None else (gpu_count if gpu_count is not None else gpu_count_without_cuda(environ))
-    chosen = gpu_for_worker(wid, outer, n)
-    environ["ATTNVERIFY_PINNED_GPU"] = chosen or ""
-    if chosen is not None:
-        if outer is not None:
-            environ["ATTNVERIFY_OUTER_CUDA_VISIBLE_DEVICES"] = outer
-        environ["CUDA_VISIBLE_DEVICES"] = chosen
-    return chosen
+    add_options(parser)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -256,56 +88,13 @@ def pytest_load_initial_conftests(early_config, parser, args):
     # torch.cuda.is_available() then asks NVML instead of cuInit: forking a judge stays safe
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     if os.environ.get("PYTEST_XDIST_WORKER"):
+        from .isolation import cuda_initialised
+
         if cuda_initialised():
             early_config.issue_config_time_warning(
                 pytest.PytestConfigWarning("attnverify: CUDA was initialised before the worker could be pinned to one GPU"), 2)
             return
         pin_worker_gpu()
-
-
-# ------------------------------------------------------------------------------------- settings
-
-
-@dataclass
-class Settings:
-    adapter_names: List[str]
-    profile: str
-    report: str  # absolute
-    report_arg: str  # as given (relative paths stay relative in messages)
-    seed: int
-    seed_given: bool
-    device: str
-    max_examples: Optional[int]
-    isolate: str  # subprocess | none (resolved)
-    timeout: float
-    only: bool
-    run_id: str
-    worker: Optional[str]
-    adapters: list = field(default_factory=list)
-    properties: list = field(default_factory=list)
-    properties_note: str = ""
-    journal: Any = None
-    runner: Any = None
-    t0: float = field(default_factory=time.time)
-    outcomes: Dict[str, dict] = field(default_factory=dict)  # nodeid -> info (controller side)
-    allow_untested: bool = False
-    untested_lines: List[str] = field(default_factory=list)  # "nothing was tested" (attnverify.untested)
-    probed: set = field(default_factory=set)  # (adapter, device) whose conventions this process journaled
-    cwd: str = ""  # the folder pytest was invoked from (adapter origins are recorded relative to it)
-    max_bugs: Optional[int] = None  # --attn-max-bugs (None: the profile's, attnverify.properties.profiles.MAX_BUGS)
-    shard: Optional[tuple] = None  # --attn-shard (K, N) (attnverify.shards); database: --attn-db's (attnverify.exampledb)
-    database: Any = ...
-
-    @property
-    def is_worker(self) -> bool:
-        return self.worker is not None
-
-
-settings_key = pytest.StashKey[Settings]()
-
-
-def get_settings(config) -> Optional[Settings]:
-    return config.stash.get(settings_key, None)
 
 
 def pytest_configure(config):
@@ -348,53 +137,6 @@ def pytest_configure(config):
         config.pluginmanager.register(_XdistHooks(s), "attnverify-xdist")
 
 
-class _XdistHooks:
-    def __init__(self, s: Settings):
-        self.s = s
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_configure_node(self, node):
-        node.workerinput["attnverify_seed"] = self.s.seed
-        node.workerinput["attnverify_run_id"] = self.s.run_id
-
-
-def _load_properties(config, s: Settings) -> None:
-    props: list = []
-    try:
-        from .properties import PROPERTIES  # written beside the strategies
-
-        props = list(PROPERTIES)
-    except ImportError as e:
-        s.properties_note = f"built-in properties unavailable ({e})"
-    for extra in config.hook.pytest_attnverify_properties(config=config):
-        props += list(extra or [])
-    seen, out = set(), []
-    for p in props:
-        if p.name not in seen:
-            seen.add(p.name)
-            out.append(p)
-    s.properties = out
-
-
-def _resolve_adapters(config, s: Settings) -> None:
-    from .adapters.base import Adapter
-    from .adapters.registry import UnknownAdapterError, register_adapter, resolve
-
-    for extra in config.hook.pytest_attnverify_adapters(config=config):
-        for a in extra or []:
-            if not isinstance(a, Adapter):
-                raise pytest.UsageError(f"pytest_attnverify_adapters returned {a!r}, not an attnverify adapter")
-            register_adapter(a)
-    try:
-        s.adapters = resolve(s.adapter_names)
-    except UnknownAdapterError as e:
-        raise pytest.UsageError(str(e)) from None
-    except Exception as e:  # the user's adapter module failed to import: a usage problem, said plainly
-        raise pytest.UsageError(f"--adapter {','.join(s.adapter_names)}: loading failed: {type(e).__name__}: {e}") from None
-    if not s.adapters:
-        raise pytest.UsageError(f"--adapter {','.join(s.adapter_names)}: no available adapter matched")
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session):
     config = session.config
@@ -416,22 +158,6 @@ def pytest_sessionstart(session):
             "argv": list(config.invocation_params.args),
             **_shards().run_start_record([a.name for a in s.adapters], [p.name for p in s.properties], s.shard),
         })
-
-
-def _adapter_info(a, s: Settings) -> dict:
-    why = a.unavailable_reason()
-    try:
-        dev = a.run_device(s.device) if why is None else None
-    except Exception:
-        dev = None
-    return {"name": a.name, "available": why is None, "reason": why, "claims": a.claims.summary(), "device": dev,
-            "origin": _origin(a, s)}
-
-
-def _origin(adapter, s: Settings) -> dict:
-    from .recording import origin_of
-
-    return origin_of(adapter, s.adapter_names, s.cwd or None)
 
 
 def pytest_report_header(config):
@@ -459,174 +185,6 @@ def pytest_report_header(config):
     if s.properties_note:
         lines.append(f"attnverify: {s.properties_note}")
     return lines
-
-
-# ------------------------------------------------------------------------------------ collection
-
-
-class AttnSuite(pytest.Collector):
-    """The virtual module holding the property items (node id `attnverify`)."""
-
-    def collect(self):  # items are made in pytest_collection_modifyitems
-        return []
-
-    def reportinfo(self):
-        return self.path, 0, "attnverify"
-
-
-class AttnFailure(AssertionError):
-    pass
-
-
-class KnownFinding(AssertionError):
-    """Only the target of the strict xfail marker a declared finding gets: a pass is a strict XPASS, and any
-    other failure (AttnFailure) stays a failure."""
-
-
-class PropertyItem(pytest.Item):
-    def __init__(self, *, prop, adapter, **kw):
-        super().__init__(**kw)
-        self.prop = prop
-        self.adapter = adapter
-        self.extra_keyword_matches.update({prop.name, adapter.name, "attnverify"})
-        self.add_marker(pytest.mark.attnverify)
-
-    def reportinfo(self):
-        return self.path, 0, f"attnverify: {self.name}"
-
-    def runtest(self):
-        s = get_settings(self.config)
-        from .journal import save_case
-        from .properties.driver import run_property
-
-        if s.runner is None:
-            from .evidence import EVIDENCE_JOB
-            from .isolation import make_runner
-            from .probes import CONVENTIONS_JOB
-
-            s.runner = make_runner(s.isolate, s.timeout)
-            s.runner.prepare(EVIDENCE_JOB, CONVENTIONS_JOB)  # the judging child holds them from its first fork
-        t0 = time.perf_counter()
-        in_process0 = getattr(s.runner, "in_process_fallback", 0)
-        drawn_by_index: Dict[Any, Any] = {}
-        state: Dict[str, Any] = {"examples": 0, "last_fail": None}
-
-        def journal(ev: dict) -> None:
-            ev = dict(ev)
-            ev.setdefault("property", self.prop.name)
-            ev.setdefault("adapter", self.adapter.name)
-            ev["test"] = self.nodeid
-            if ev.get("event") == "case_start":
-                state["examples"] += 1
-                drawn_by_index[ev.get("index", state["examples"])] = ev.get("drawn")
-                state["last_start"] = ev
-            elif ev.get("event") == "result" and not ev.get("passed", True) and ev.get("status") != "skipped":
-                state["last_fail"] = ev
-            s.journal.write(ev)
-
-        info = {"property": self.prop.name, "adapter": self.adapter.name, "test": self.nodeid,
-                "outcome": "passed", "examples": 0, "message": None, "case_file": None, "repro": None, "status": None}
-        try:
-            run_property(self.prop, self.adapter, profile=s.profile, seed=s.seed, max_examples=s.max_examples,
-                         device=s.device, runner=s.runner, journal=journal, report_dir=_report_for_messages(s),
-                         database=s.database,
-                         max_bugs=s.max_bugs, on_bug=lambda bug: _bugs().record_bug(
-                             bug, s=s, prop=self.prop, adapter=self.adapter, journal_write=journal,
-                             origin=_origin(self.adapter, s)))
-            outcome, note = self.adapter.classify(self.prop.name, None)
-            if outcome == "xpass":  # pytest's strict xfail marker (collection) fails the test: XPASS(strict)
-                info.update(outcome="xpass", status="xpass", message=f"XPASS(strict): {note}")
-        except AssertionError as e:
-            msg = str(e)
-            fail = state["last_fail"] or {}
-            drawn = drawn_by_index.get(fail.get("index"), (state.get("last_start") or {}).get("drawn"))
-            bugs = getattr(e, "bugs", None) or []
-            if bugs:  # distinct bugs found (attnverify.bugs): the first one is the item's case
-                fail, drawn = dict(bugs[0]["result"], index=None), bugs[0]["drawn"]
-                info["bugs"] = [_bugs().brief(b) for b in bugs]
-            info.update(outcome="failed", message=msg, status=fail.get("status"))
-            try:
-                path = save_case(s.report, prop_name=self.prop.name, adapter_name=self.adapter.name, drawn=drawn,
-                                 result=fail, run_id=s.run_id, seed=s.seed,
-                                 extra={"adapter_origin": _origin(self.adapter, s), "records": fail.get("records")})
-                info["case_file"] = path
-                info["repro"] = f"attnverify repro {_rel(path)}"
-                # point the replay line at the file keyed by (property, adapter, example)
-                msg, n = re.subn(r"(?m)^replay: .*$", lambda m: f"replay: {info['repro']}", msg, count=1)
-                if not n:
-                    msg += f"\nreplay: {info['repro']}"
-            except Exception as se:  # noqa: BLE001 - the failure matters more than its saving
-                msg += f"\n(could not save the case: {type(se).__name__}: {se})"
-            outcome, note = self.adapter.classify(self.prop.name, msg)  # the adapter's one classifier
-            if outcome == "failed" and note:  # a declared finding narrower than this failure: new, said so
-                msg += "\n" + note
-            info["message"] = msg
-            known = note if outcome == "known" else None
-            if known:  # a documented finding: reported, not a new failure (a strict XPASS once it is fixed)
-                info.update(outcome="known", status="known", message=f"known finding: {known}\n{msg}")
-                pytest.xfail(f"known finding: {known}")
-            _record().store_evidence(s.runner, self.adapter, fail, info.get("case_file"))
-            raise AttnFailure(msg) from None
-        except BaseException as e:
-            skipped = isinstance(e, pytest.skip.Exception) or type(e).__name__ in ("PropertySkipped", "SkipTest")
-            info.update(outcome="skipped" if skipped else "error", message=f"{type(e).__name__}: {e}")
-            raise
-        finally:
-            info["examples"] = state["examples"]
-            info["seconds"] = time.perf_counter() - t0
-            # examples judged in this process because CUDA was initialised here: no crash isolation for them
-            n_in_process = getattr(s.runner, "in_process_fallback", 0) - in_process0
-            if n_in_process:
-                info["judged_in_process"] = n_in_process
-            s.journal.write({"event": "test_end", **info})
-            self.user_properties.append(("attnverify", info))
-            _record().probe_conventions(s.runner, s.journal, self.adapter, s.device, s.probed)
-
-    def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, AttnFailure):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style=style)
-
-
-def _bugs():
-    from . import bugs  # distinct bugs: journaled as found, grouped, summarised
-
-    return bugs
-
-
-def _shards():
-    from . import shards  # --attn-shard: which (adapter, property) pairs this run takes
-
-    return shards
-
-
-def _shard_db(config, s: Settings) -> None:
-    from .exampledb import DatabaseError, open_database
-
-    (shard, src), (db, db_src) = (_raw_value(config, o) for o in OPTIONS if o.dest in ("attn_shard", "attn_db"))
-    try:
-        s.shard = _shards().parse_shard(shard, src or "--attn-shard")
-        s.database = open_database(db, db_src or "--attn-db")
-    except (_shards().ShardError, DatabaseError) as e:
-        raise pytest.UsageError(str(e)) from None
-
-
-def _record():
-    from . import recording  # what the run stores for its report: evidence, convention probes, origins
-
-    return recording
-
-
-def _rel(path: str) -> str:
-    try:
-        r = os.path.relpath(path)
-        return path if r.startswith("..") else r
-    except ValueError:
-        return path
-
-
-def _report_for_messages(s: Settings) -> str:
-    return s.report_arg if not os.path.isabs(s.report_arg) and os.path.abspath(s.report_arg) == s.report else s.report
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -673,76 +231,6 @@ def pytest_collection_modifyitems(session, config, items):
     from _pytest.reports import CollectReport
 
     config.hook.pytest_collectreport(report=CollectReport(suite.nodeid, "passed", None, new))
-
-
-# --------------------------------------------------------------------------------------- summary
-
-
-class _Reporter:
-    """Collects per-item outcomes (also from xdist workers) and prints the adapters x properties table."""
-
-    def __init__(self, s: Settings):
-        self.s = s
-
-    def pytest_runtest_logreport(self, report):
-        if report.when != "call" and not (report.when == "setup" and report.skipped):
-            return
-        for name, info in getattr(report, "user_properties", ()):
-            if name == "attnverify":
-                self.s.outcomes[report.nodeid] = info
-                return
-        if report.when == "setup" and report.skipped and report.nodeid.startswith("attnverify::"):
-            m = re.match(r"attnverify::test_(.+)\[(.+)\]$", report.nodeid)
-            if m:
-                reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-                self.s.outcomes[report.nodeid] = ({"property": m.group(1), "adapter": m.group(2), "outcome": "skipped",
-                                                       "message": reason, "examples": 0, "seconds": 0.0})
-
-    def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
-        s = self.s
-        if s.is_worker:
-            return
-        rows = dict(s.outcomes)
-        if not rows:
-            return
-        tr = terminalreporter
-        tr.section("attnverify")
-        for line in _bugs().summary_lines(rows.values()):  # "3 distinct bugs (seen by 26 properties)", each
-            tr.write_line(line, red=not line.startswith(" "), bold=not line.startswith(" "))
-        adapters = list(dict.fromkeys(i["adapter"] for i in rows.values()))
-        props = list(dict.fromkeys(i["property"] for i in rows.values()))
-        w = max(len(p) for p in props) + 2
-        tr.write_line("property".ljust(w) + "".join(a[:18].ljust(20) for a in adapters))
-        by = {(i["property"], i["adapter"]): i for i in rows.values()}
-        for p in props:
-            cells = []
-            for a in adapters:
-                i = by.get((p, a))
-                if i is None:
-                    cells.append("-".ljust(20))
-                    continue
-                o = i["outcome"]
-                cell = {"passed": "ok", "failed": "FAIL", "skipped": "skip", "error": "ERROR", "known": "known",
-                        "xpass": "XPASS"}.get(o, o)
-                if o in ("passed", "failed"):
-                    cell += f" {i.get('examples', 0)}ex {i.get('seconds', 0):.1f}s"
-                if i.get("status") in ("crashed", "timeout"):
-                    cell = f"{i['status'].upper()} {i.get('examples', 0)}ex"
-                cells.append(cell[:19].ljust(20))
-            tr.write_line(p.ljust(w) + "".join(cells))
-        for i in rows.values():
-            if i.get("repro"):
-                tr.write_line(f"{i['property']}[{i['adapter']}]: {i['repro']}")
-            if i.get("outcome") == "xpass":
-                tr.write_line(f"{i['property']}[{i['adapter']}]: {i.get('message')}")
-        unisolated = sum(int(i.get("judged_in_process") or 0) for i in rows.values())
-        if unisolated:
-            tr.write_line(f"WARNING: {unisolated} example(s) were judged in the process that drives the run, without "
-                          f"crash isolation: CUDA had been initialised there, so no judge could be forked (a device "
-                          f"fault there fails every later test of that worker)")
-        tr.write_line(f"journal: {_rel(os.path.join(s.report, 'results.jsonl'))}  seed: {s.seed}")
-        for line in s.untested_lines:
-            tr.write_line(line, red=True, bold=line.startswith("NOTHING"))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -800,3 +288,28 @@ def pytest_runtest_makereport(item, call):
             attach_extras(item, report, get_settings(item.config).report)
         except Exception as e:  # noqa: BLE001 - extras are a convenience, never a failure
             print(f"attnverify: no pytest-html extras: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+__all__ = [
+    "OPTIONS", "PROFILES", "DEVICES", "ISOLATES", "DEFAULT_PROFILE", "DEFAULT_REPORT", "DEFAULT_TIMEOUT", "Hookspecs",
+    "option_values", "Settings", "settings_key", "get_settings", "AttnSuite", "AttnFailure", "KnownFinding",
+    "PropertyItem", "gpu_count_without_cuda", "gpu_for_worker", "pin_worker_gpu", "visible_devices",
+]
+
+
+def _shards():
+    from . import shards  # --attn-shard: which (adapter, property) pairs this run takes
+
+    return shards
+
+
+def _shard_db(config, s) -> None:
+    from .exampledb import DatabaseError, open_database
+    from .pytest_options import _raw_value
+
+    (shard, src), (db, db_src) = (_raw_value(config, o) for o in OPTIONS if o.dest in ("attn_shard", "attn_db"))
+    try:
+        s.shard = _shards().parse_shard(shard, src or "--attn-shard")
+        s.database = open_database(db, db_src or "--attn-db")
+    except (_shards().ShardError, DatabaseError) as e:
+        raise pytest.UsageError(str(e)) from None

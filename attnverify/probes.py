@@ -35,7 +35,7 @@ def declared(adapter) -> Dict[str, str]:
 
 def observe(adapter, device: Optional[str] = None) -> Dict[str, str]:
     from .case import CaseRecipe, build_case
-    from .check import unpack_output as _unpack
+    from .check import unpack_output
     from .reference import reference_forward
 
     dev, dt, hd = _pick(adapter, device)
@@ -50,7 +50,7 @@ def observe(adapter, device: Optional[str] = None) -> Dict[str, str]:
         r = CaseRecipe(**base)
         case = build_case(r)
         with torch.no_grad():
-            out, lse, _ = _unpack(adapter(case.q, case.k, case.v, case.spec))
+            out, lse, _ = unpack_output(adapter(case.q, case.k, case.v, case.spec))
         return case, out.detach().to("cpu", torch.float64), (None if lse is None else lse.detach().to("cpu", torch.float64))
 
     def close(a, b):

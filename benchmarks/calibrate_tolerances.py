@@ -97,7 +97,8 @@ def _dump(args, stats, fails, t0):
     out = {"torch": torch.__version__, "device": args.device if args.device != "auto" else
            ("cuda" if torch.cuda.is_available() else "cpu"),
            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-           "n_per_combo": args.n, "forward_only": bool(getattr(args, "forward_only", False)), "summary": summary, "failures": fails, "seconds": time.time() - t0}
+           "n_per_combo": args.n, "forward_only": bool(getattr(args, "forward_only", False)), "summary": summary,
+           "failures": fails, "seconds": time.time() - t0}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from hypothesis import strategies as st
 
-from attnverify.check import _unpack, magnitudes, score_bound
+from attnverify.check import magnitudes, score_bound, unpack_output
 from attnverify.compare import compare, error_stats
 from attnverify.properties import CaseProperty, ExampleResult, MetamorphicProperty
 from attnverify.properties._props import _call
@@ -35,7 +35,7 @@ class OldNonfiniteInputsPropagate(CaseProperty):
 
         q, k, v = case.q, case.k, case.v
         with torch.no_grad():
-            out, lse, _ = _unpack(adapter(q, k, v, case.spec))
+            out, lse, _ = unpack_output(adapter(q, k, v, case.spec))
             base = naive_attention(q, k, v, case.spec).out
         ref = reference_forward(q, k, v, case.spec)
         bad_rows = ~torch.isfinite(ref.out).all(-1, keepdim=True).cpu()

@@ -15,17 +15,10 @@ MAX_LINES = 500
 
 # module (path relative to the repository) -> why it is still over MAX_LINES; empty this after the splits
 TOO_LONG_ALLOWED = {
-    "attnverify/properties/_contract.py": "six responsibilities; split after the merge of issue 19's parts",
-    "attnverify/properties/_props.py": "split after the merge of issue 19's parts",
-    "attnverify/plugin.py": "options, GPU pinning, the test item and reporting; split after the merge",
 }
 
 # (importing file, imported module, name) -> why it is still allowed; empty this after the merge
-PRIVATE_IMPORTS_ALLOWED = {
-    # both are exported by attnverify.strategies: import them from there (profiles.py is being edited elsewhere)
-    ("attnverify/properties/profiles.py", "attnverify.strategies._profiles", "PROFILE_NAMES"): "fix after the merge",
-    ("attnverify/properties/profiles.py", "attnverify.strategies._profiles", "PROFILES"): "fix after the merge",
-}
+PRIVATE_IMPORTS_ALLOWED: dict = {}
 
 
 def _modules(pkg: pathlib.Path = PKG):

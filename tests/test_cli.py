@@ -3,7 +3,6 @@ import argparse
 import json
 import sys
 
-import pytest
 
 from attnverify import cli
 

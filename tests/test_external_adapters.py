@@ -14,24 +14,29 @@ graph variant (4 compiles); its ci-profile runs are @slow. JAX compiles in ~0.1 
 """
 from __future__ import annotations
 
+import dataclasses as _dc
 import importlib
 import importlib.util
 import json
+import math as _math
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import types as _types
 
 import pytest
 import torch
 
 from attnverify.adapters import _external, flash_attn4
+from attnverify.adapters.base import Adapter as _Adapter
 from attnverify.adapters.registry import BUILTINS, all_adapters, get
 from attnverify.case import CaseRecipe, build_case
 from attnverify.check import check, unclaimed
 from attnverify.properties import PROPERTIES, get_property
 from attnverify.properties.driver import run_property
+from attnverify.spec import Spec as _Spec
 
 from _judged import judged
 
@@ -399,12 +404,6 @@ def test_jax_ci_profile(prop, tmp_path):
 # own code against the reference on the CPU: what they test is the glue (argument mapping, layouts,
 # dispatch, LSE conversion), not the kernels -- the stand-ins compute with attnverify's naive.
 
-import dataclasses as _dc
-import math as _math
-import types as _types
-
-from attnverify.adapters.base import Adapter as _Adapter
-from attnverify.spec import Spec as _Spec
 
 
 def _naive(q_bhsd, k_bhsd, v_bhsd, *, scale, causal, window=(-1, -1), softcap=0.0, alibi=None, mask=None):

@@ -1,8 +1,8 @@
 """The pytest11 plugin, driven through pytester in empty temporary repos (CPU only)."""
 import json
 import os
+import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -313,7 +313,6 @@ def test_gpu_pinning_logic():
     assert gpu_for_worker("gw1", "", 8) is None and visible_devices("2,-1,3") == ["2"]
     env = {"PYTEST_XDIST_WORKER": "gw1", "CUDA_VISIBLE_DEVICES": "4,6,7"}
     assert pin_worker_gpu(env) == "6" and env["CUDA_VISIBLE_DEVICES"] == "6"
-    assert env["ATTNVERIFY_OUTER_CUDA_VISIBLE_DEVICES"] == "4,6,7"
     assert pin_worker_gpu(env) == "6" and env["CUDA_VISIBLE_DEVICES"] == "6"  # idempotent
     env = {"PYTEST_XDIST_WORKER": "gw3"}
     assert pin_worker_gpu(env, gpu_count=2) == "1" and env["CUDA_VISIBLE_DEVICES"] == "1"
@@ -338,3 +337,61 @@ def test_examples_judged_without_isolation_are_counted_and_reported(pytester, mo
 
     html = open(render(str(pytester.path / "reports"))).read()
     assert "without crash isolation" in html
+
+
+def _in_fresh_python(code: str, env_drop=()) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in env_drop}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.strip()
+
+
+def test_plugin_import_is_light():
+    """pytest loads attnverify.plugin (entry point pytest11) in every run, with or without --adapter: importing
+    it must not import torch, hypothesis or the properties; the lazy façade still gives av.check, av.Spec, ..."""
+    out = _in_fresh_python(
+        "import sys, attnverify.plugin\n"
+        "print(sorted(m for m in ('torch', 'hypothesis', 'attnverify.properties', 'attnverify.check') if m in sys.modules))\n"
+        "import attnverify as av\n"
+        "print(callable(av.check), av.Spec.__name__, av.check is sys.modules['attnverify.check'], 'torch' in sys.modules)\n")
+    assert out.splitlines() == ["[]", "True Spec True True"], out
+
+
+def test_importing_adapters_changes_no_environment():
+    """Importing the package, the plugin and every built-in adapter module leaves os.environ as it was (the
+    Triton adapter switches the interpreter on at its first call, not at import)."""
+    out = _in_fresh_python(
+        "import os, importlib, pkgutil\n"
+        "before = dict(os.environ)\n"
+        "import attnverify, attnverify.plugin, attnverify.adapters as A\n"
+        "for m in pkgutil.iter_modules(A.__path__):\n"
+        "    try:\n"
+        "        importlib.import_module('attnverify.adapters.' + m.name)\n"
+        "    except ImportError:\n"
+        "        pass\n"
+        "import attnverify.adapters.triton_adapter\n"
+        "after = dict(os.environ)\n"
+        "print(sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k)))\n",
+        env_drop=("TRITON_INTERPRET",))
+    assert out == "[]", out
+
+
+def test_triton_adapter_switches_the_interpreter_on_at_first_call():
+    """The other half: without a GPU and with TRITON_INTERPRET unset, the first call turns the interpreter on
+    and the kernel runs (so moving it out of import lost nothing)."""
+    out = _in_fresh_python(
+        "import os, torch\n"
+        "from attnverify.adapters.triton_adapter import triton, _CUDA\n"
+        "from attnverify.spec import Spec\n"
+        "assert 'TRITON_INTERPRET' not in os.environ\n"
+        "if _CUDA:\n"
+        "    print('skip')\n"
+        "else:\n"
+        "    assert triton.unavailable_reason() is None, triton.unavailable_reason()\n"
+        "    q = torch.randn(1, 1, 8, 16)\n"
+        "    o = triton(q, q, q, Spec(scale=0.25))\n"
+        "    print(os.environ['TRITON_INTERPRET'], tuple(o.out.shape))\n",
+        env_drop=("TRITON_INTERPRET",))
+    assert out in ("1 (1, 1, 8, 16)", "skip"), out

@@ -1,7 +1,5 @@
 """The properties hold for correct implementations and catch each deliberately wrong one (ci profile)."""
 import json
-import os
-import warnings
 
 import pytest
 

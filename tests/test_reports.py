@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import os
 import re
 import shutil

@@ -10,7 +10,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
-import torch
 
 from ..spec import CAUSAL_MODES, FULLY_MASKED_MODES
 from ..devices import cuda_present

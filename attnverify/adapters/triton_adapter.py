@@ -18,7 +18,6 @@ import importlib.util
 import os
 import sys
 
-import torch
 
 from ..spec import Output, Spec
 from .base import adapter
@@ -27,10 +26,18 @@ from ..devices import cuda_present
 _CUDA = cuda_present()  # NVML: no CUDA context, fork stays safe
 _TILES = (64, 64)  # kernels.launch.default_config / INTERPRETER_CONFIG
 
-# Without a GPU the kernels can only run under the interpreter, which Triton reads when it is first
-# imported: switch it on here if nobody decided otherwise and triton is not loaded yet.
-if not _CUDA and "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"
+
+def _interpreter_switchable() -> bool:
+    """Without a GPU the kernels can only run under the interpreter, which Triton reads when it is first
+    imported: it can still be switched on if nobody decided otherwise and triton is not loaded yet."""
+    return not _CUDA and "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules
+
+
+def _use_interpreter() -> None:
+    """Switch the interpreter on at the first call (never at import: importing this module changes no
+    environment variable of the process)."""
+    if _interpreter_switchable():
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 def _availability():
@@ -41,6 +48,8 @@ def _availability():
     tv = dist_version("triton")
     if tv and version_tuple(tv) < (3, 6):  # the supported range; torch 2.3's pinned triton 2.3.1 lacks tl.value
         return f"triton {tv} is older than the supported 3.6 (pip install 'attnverify[triton]')"
+    if _interpreter_switchable():
+        return None  # switched on at the first call
     if not _CUDA and os.environ.get("TRITON_INTERPRET", "0") != "1":
         return ("no CUDA GPU here and the Triton interpreter is off (export TRITON_INTERPRET=1 before "
                 "anything imports triton to run on the CPU)")
@@ -82,6 +91,7 @@ def _refuses(case):
 )
 def triton(q, k, v, spec: Spec):
     """The bundled Triton FlashAttention-2 kernel."""
+    _use_interpreter()
     from ..kernels.autograd import flash_attention
 
     out, lse = flash_attention(q, k, v, spec)

@@ -227,11 +227,15 @@ def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = 
     dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
     dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
     if p.lq == 0 or p.lk == 0 or p.n_batch == 0:
-        dq.zero_(); dk.zero_(); dv.zero_()
+        dq.zero_()
+        dk.zero_()
+        dv.zero_()
         return dq, dk, dv
     if p.flags["IS_VARLEN"]:
         # rows outside every segment (if cu_seqlens do not cover the pack) get no program
-        dq.zero_(); dk.zero_(); dv.zero_()
+        dq.zero_()
+        dk.zero_()
+        dv.zero_()
     dims = _head_dims(p)
     delta = torch.empty(p.b, p.hq, p.lq, device=q.device, dtype=torch.float32)
     pre_m = 64

@@ -8,18 +8,18 @@ from ._props import (
     PROPERTIES, CaseProperty, MetamorphicProperty,
 )
 from ._contract import CONTRACT_PROPERTIES, install as _install_contract
-
-# contract and robustness properties (issue 8): `inputs_unmodified` becomes the forward+backward version,
-# the others are appended; in place, so `_props.PROPERTIES` is the same list
-_install_contract(PROPERTIES)
-from .serving import SERVING_PROPERTIES  # noqa: E402  (issue 22: KV caches, split-KV)
-from .splitkv import SPLIT_PROPERTIES  # noqa: E402
-from .sinks import SINK_PROPERTIES  # noqa: E402  (issue 23: sinks, chunked local attention)
-from .mla import MLA_PROPERTIES  # noqa: E402  (issue 23: MLA latent K/V views)
-
-PROPERTIES.extend(p for p in SERVING_PROPERTIES + SPLIT_PROPERTIES + SINK_PROPERTIES + MLA_PROPERTIES if p.name not in {q.name for q in PROPERTIES})
 from .base import ExampleResult, Property
 from .profiles import DEFAULT_PROFILE, hypothesis_settings, register_profiles
+from .mla import MLA_PROPERTIES  # issue 23: MLA latent K/V views
+from .serving import SERVING_PROPERTIES  # issue 22: KV caches, split-KV
+from .sinks import SINK_PROPERTIES  # issue 23: sinks, chunked local attention
+from .splitkv import SPLIT_PROPERTIES
+
+# contract and robustness properties (issue 8): `inputs_unmodified` becomes the forward+backward version,
+# the others are appended; in place, so `_props.PROPERTIES` is the same list; then the serving ones
+_install_contract(PROPERTIES)
+PROPERTIES.extend(p for p in SERVING_PROPERTIES + SPLIT_PROPERTIES + SINK_PROPERTIES + MLA_PROPERTIES
+                  if p.name not in {q.name for q in PROPERTIES})
 
 
 def get_property(name: str) -> Property:

@@ -39,7 +39,7 @@ def claimed_configs(configs: List[dict], adapter) -> List[dict]:
 
 
 def why_no_config(adapter, device: str) -> str:
-    from ._contract import MemoryScaling
+    from ._memory_scaling import MemoryScaling
 
     reasons = [_why(cfg, adapter) for cfg in MemoryScaling()._all_configs(adapter, device)]
     return next((r for r in reasons if r), f"{adapter.name}: no configuration for memory_scaling")

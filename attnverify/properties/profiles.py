@@ -14,7 +14,7 @@ from typing import Optional
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from ..strategies._profiles import PROFILE_NAMES, PROFILES
+from ..strategies import PROFILE_NAMES, PROFILES
 
 DEFAULT_PROFILE = "dev"
 # distinct bugs one property run looks for (attnverify.attribution): after the first shrunk failure the

@@ -13,11 +13,11 @@ import torch
 from hypothesis import strategies as st
 
 from ..case import Case, CaseRecipe
-from ..check import _same, _unpack, magnitudes, score_bound, unclaimed
+from ..check import bitwise_equal, magnitudes, score_bound, unclaimed, unpack_output
 from ..compare import compare, error_stats
 from ..reference import reference_forward
 from ..reference.paged import cache_after, cache_keys, plain_spec
-from ..strategies._paged import cache_cases, cache_corpus, page_size_choices
+from ..strategies import cache_cases, cache_corpus, page_size_choices
 from ..tolerances import tolerance_for
 from ._props import CaseProperty
 from .base import ExampleResult
@@ -28,7 +28,7 @@ Pairs = Dict[str, Tuple[torch.Tensor, torch.Tensor]]
 def run(adapter, q, k, v, spec) -> dict:
     """One call without gradients: {"out", "lse"?} detached."""
     with torch.no_grad():
-        out, lse, _ = _unpack(adapter(q, k, v, spec))
+        out, lse, _ = unpack_output(adapter(q, k, v, spec))
     res = {"out": out.detach()}
     if isinstance(lse, torch.Tensor):
         res["lse"] = lse.detach().float()
@@ -74,7 +74,7 @@ def judge_pairs(prop, adapter, case: Case, params: dict, pairs_of: Callable[[obj
     comps, sev = [], 0.0
     for n, (got, exp) in mine.items():
         if bitwise:
-            if got is None or exp is None or not _same(got, exp):
+            if got is None or exp is None or not bitwise_equal(got, exp):
                 diff = "missing" if got is None or exp is None else \
                     f"{int((torch.nan_to_num(got.double() - exp.double(), nan=1.0) != 0).sum())} element(s) differ"
                 problems.append(f"{n}: not bitwise identical ({diff}), although {adapter.name} claims deterministic=True")

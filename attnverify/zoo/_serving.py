@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from ..adapters._features import NEG_INF, score_bias_and_visibility
+from ..adapters.naive import NEG_INF, score_bias_and_visibility
 from ..spec import Output, Spec
 
 SERVING_BUGS = (
