@@ -240,7 +240,10 @@ def _load_repro_target(path: str) -> dict:
 def cmd_repro(ns) -> int:
     from .isolation import make_runner
 
-    d = _load_repro_target(ns.file)
+    path = ns.file
+    if str(path).endswith(".evidence.json"):  # the stored evidence of a failure: replay the case beside it
+        path = str(path)[: -len(".evidence.json")] + ".json"
+    d = _load_repro_target(path)
     _import_conftest(ns.conftest)
     adapter = _find_adapter(d, ns.adapter)
     prop, drawn = None, d.get("drawn")
