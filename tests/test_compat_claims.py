@@ -21,7 +21,7 @@ from attnverify.adapters.base import Claims
 from attnverify.adapters.registry import BUILTINS, get
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "compatibility.md")
-NOT_TABLED = ("head_dims", "max_seqlen", "tiles")  # predicates and caps: said in the module docstrings
+NOT_TABLED = ("head_dims", "max_seqlen", "tiles", "page_sizes")  # predicates and caps: said in the module docstrings
 SDPA_DEVICE = {"sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn"}
 
 

@@ -257,7 +257,9 @@ EXPECT_IN_MESSAGE = {
     "modifies_q": "q was modified by forward",
     "modifies_dout_in_backward": "dO (upstream gradient) was modified by backward",
     "modifies_out_in_backward": "out (forward's result) was modified by backward",
-    "wrong_on_repeat": "11th_call",
+    # its call counter lives in the judging child across examples: the 8th call of a shape may come in an
+    # earlier example's batch embedding (in_batch) than the 11th repeat of one example
+    "wrong_on_repeat": ("11th_call", "in_batch"),
     "stale_after_shapes": "after_other_shapes",
     "batch_dependent": "in_batch",
     "accepts_mismatched_kv": "k and v of different lengths",
@@ -271,7 +273,8 @@ def test_wrong_implementation_is_caught(name, tmp_path):
     make, prop = WRONG[name]
     text = _caught(prop, make(), tmp_path)
     if name in EXPECT_IN_MESSAGE:
-        assert EXPECT_IN_MESSAGE[name] in text, text
+        want = EXPECT_IN_MESSAGE[name]
+        assert any(w in text for w in ((want,) if isinstance(want, str) else want)), text
     assert "replay: attnverify repro " in text
 
 

@@ -89,6 +89,18 @@ def claim_sets(draw, *, wide: bool = False):
         "refuses": draw(st.one_of(st.none(), st.sampled_from(sorted(REFUSALS)))),
         "known": None,
     }
+    # serving-era claims (issues 22, 23), drawn in the wide slice only: with them every serving and sink
+    # property turns on, which the fast CI slice's budget does not cover
+    cache = draw(st.sampled_from(("none", "contiguous", "paged"))) if wide else "none"
+    desc.update({
+        "kv_cache": cache != "none",
+        "paged": cache == "paged",
+        "page_sizes": draw(st.sampled_from(([1], [16], [1, 3, 7, 16, 64]))) if cache == "paged" else None,
+        "append": cache != "none" and draw(st.booleans()),
+        "num_splits": draw(st.sampled_from(([], [1, 2], [1, 4, 8]))) if wide else [],
+        "sinks": draw(st.booleans()) if wide else False,
+        "attention_chunk": draw(st.booleans()) if wide else False,
+    })
     if draw(st.booleans()):
         prop = draw(st.sampled_from(KNOWN_PROPS))
         desc["known"] = {"property": prop, "match": draw(st.sampled_from(MATCHES))}
@@ -169,6 +181,13 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
     kw["head_dims"] = HEAD_DIM_PREDICATES[hd] if isinstance(hd, str) else tuple(hd)
     if desc.get("tiles"):
         kw["tiles"] = tuple(desc["tiles"])
+    for k in ("kv_cache", "paged", "append", "sinks", "attention_chunk"):
+        if desc.get(k):
+            kw[k] = True
+    if desc.get("num_splits"):
+        kw["num_splits"] = tuple(desc["num_splits"])
+    if desc.get("page_sizes"):
+        kw["page_sizes"] = tuple(desc["page_sizes"])
     known = None
     if desc.get("known"):
         kn = desc["known"]
