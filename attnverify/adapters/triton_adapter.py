@@ -33,7 +33,7 @@ def _interpreter_switchable() -> bool:
     return not _CUDA and "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules
 
 
-def _use_interpreter() -> None:
+def use_interpreter_if_needed() -> None:
     """Switch the interpreter on at the first call (never at import: importing this module changes no
     environment variable of the process)."""
     if _interpreter_switchable():
@@ -91,7 +91,7 @@ def _refuses(case):
 )
 def triton(q, k, v, spec: Spec):
     """The bundled Triton FlashAttention-2 kernel."""
-    _use_interpreter()
+    use_interpreter_if_needed()
     from ..kernels.autograd import flash_attention
 
     out, lse = flash_attention(q, k, v, spec)
