@@ -18,8 +18,9 @@ reports/bugs.py reads those) and `summary_lines` leads the terminal summary:
 """
 from __future__ import annotations
 
-import os
 from typing import Dict, Iterable, List, Optional
+
+from .origin import display_path as _rel
 
 
 def record_bug(bug: dict, *, s, prop, adapter, journal_write, origin: Optional[dict] = None,
@@ -140,9 +141,3 @@ def diagnosis_of(case_file: Optional[str]) -> str:
     return str(((ev.get("diagnosis") or {}).get("summary")) or "")
 
 
-def _rel(path: str) -> str:
-    try:
-        r = os.path.relpath(path)
-        return path if r.startswith("..") else r
-    except ValueError:
-        return path

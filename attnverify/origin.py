@@ -30,7 +30,8 @@ def file_sha256(path: Optional[str]) -> Optional[str]:
         return None
 
 
-def _rel(path: Optional[str], cwd: Optional[str]) -> Optional[str]:
+def display_path(path: Optional[str], cwd: Optional[str] = None) -> Optional[str]:
+    """`path` relative to `cwd` (default: the current folder) for messages, unless it lies outside it."""
     if not path:
         return None
     try:
@@ -92,12 +93,12 @@ def adapter_origin(adapter: Any, requested: Optional[str] = None, cwd: Optional[
             f = None
     f = os.path.abspath(f) if f else None
     mname = getattr(mod, "__name__", None)
-    out.update(module=mname, attr=attr, file=f, file_rel=_rel(f, cwd), sha256=file_sha256(f))
+    out.update(module=mname, attr=attr, file=f, file_rel=display_path(f, cwd), sha256=file_sha256(f))
     if requested and ":" in requested and _looks_like_file(requested):
         path, _, rattr = requested.partition(":")
         f = os.path.abspath(os.path.join(cwd or os.getcwd(), path))
-        out.update(kind="file", file=f, file_rel=_rel(f, cwd), attr=rattr, sha256=file_sha256(f),
-                   target=f"{_rel(f, cwd)}:{rattr}")
+        out.update(kind="file", file=f, file_rel=display_path(f, cwd), attr=rattr, sha256=file_sha256(f),
+                   target=f"{display_path(f, cwd)}:{rattr}")
     elif requested and ":" in requested:
         out.update(kind="module", module=requested.partition(":")[0], attr=requested.partition(":")[2], target=requested)
     elif attr and mname and f and not _is_script(mname, f):

@@ -53,9 +53,10 @@ import pytest
 # light on purpose: pytest loads this module (entry point pytest11) in every run; torch, hypothesis and the
 # properties are imported only once an attnverify option is given
 from .gpu_pinning import gpu_count_without_cuda, gpu_for_worker, pin_worker_gpu, visible_devices
+from .origin import display_path as _rel
 from .plugin_items import AttnFailure, AttnSuite, KnownFinding, PropertyItem
 from .plugin_settings import (
-    Settings, _adapter_info, _load_properties, _rel, _resolve_adapters, _XdistHooks, get_settings,
+    Settings, _adapter_info, _load_properties, _resolve_adapters, _XdistHooks, get_settings,
     settings_key,
 )
 from .plugin_summary import _Reporter

@@ -7,7 +7,8 @@ from typing import Any, Dict
 
 import pytest
 
-from .plugin_settings import _bugs, _origin, _record, _rel, _report_for_messages, get_settings
+from .origin import display_path as _rel
+from .plugin_settings import _bugs, _origin, _record, _report_for_messages, get_settings
 
 
 class AttnSuite(pytest.Collector):

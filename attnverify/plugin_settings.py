@@ -133,12 +133,6 @@ def _record():
     return recording
 
 
-def _rel(path: str) -> str:
-    try:
-        r = os.path.relpath(path)
-        return path if r.startswith("..") else r
-    except ValueError:
-        return path
 
 
 def _report_for_messages(s: Settings) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 import re
 
-from .plugin_settings import Settings, _bugs, _rel
+from .origin import display_path as _rel
+from .plugin_settings import Settings, _bugs
 
 
 class _Reporter:

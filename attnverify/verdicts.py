@@ -11,6 +11,7 @@ Pure functions of tensors and records: no pytest, no adapter calls.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
@@ -81,7 +82,7 @@ def compare_pairs(
         raise ValueError(f"compare_pairs(missing={missing!r}): expected 'fail' or 'skip'")
     comps: List[Comparison] = []
     for n, (got, exp) in pairs.items():
-        kind = n.split(":")[0]
+        kind = re.split(r"[:\[ ]", n, maxsplit=1)[0]  # "lse:shift", "lse[request 2]" and "lse" are LSEs
         kind = kind if kind in OUTPUT_KINDS else "out"
         b = (baseline or {}).get(n) or (None, None)
         tol = tolerance_for(kind, "float32" if kind == "lse" else dtype, baseline_rel_l2=b[0], baseline_max_abs=b[1],

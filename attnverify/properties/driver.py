@@ -21,6 +21,7 @@ from typing import Any, Callable, List, Optional
 from hypothesis import example, given, seed as hyp_seed, target
 from hypothesis.errors import Unsatisfiable
 
+from ..origin import display_path as _rel
 from .base import ExampleResult, Property
 from .profiles import DEFAULT_PROFILE, MAX_BUGS, hypothesis_settings
 
@@ -355,9 +356,3 @@ def _describe(drawn) -> str:
         return repr(drawn)[:500]
 
 
-def _rel(path: str) -> str:
-    try:
-        r = os.path.relpath(path)
-        return path if r.startswith("..") else r
-    except ValueError:
-        return path
