@@ -445,9 +445,18 @@ def test_poisoner_hands_back_nan():
             "    Poisoner('cpu', [n * 4])()\n"
             "    t = torch.empty(n, dtype=torch.float32)\n"
             "    print(float(torch.isnan(t).float().mean()))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    fractions = [float(x) for x in out.stdout.split()]
-    assert len(fractions) == 1 and min(fractions) > 0.9, out.stdout + out.stderr
+    # whether glibc hands the freed block back to the next allocation depends on the heap the imports left
+    # (a fresh clone's venv gave 0.0 in 4 of 6 processes): up to 5 fresh processes, one must get it back
+    # poisoned; uninitialised memory that is >90% NaN without the Poisoner does not happen
+    outs = []
+    for _ in range(5):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        fractions = [float(x) for x in out.stdout.split()]
+        assert len(fractions) == 1, out.stdout + out.stderr
+        outs.append(fractions[0])
+        if fractions[0] > 0.9:
+            break
+    assert max(outs) > 0.9, outs
     assert Poisoner("cpu", [64])(torch.ones(2)).sum() == 2  # a backward hook gets its gradient back
 
 
