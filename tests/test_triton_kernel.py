@@ -381,3 +381,73 @@ def test_perf_gate_says_why_it_skips_without_a_gpu(capsys):
     assert "SKIPPED" in out and "no CUDA GPU" in out
     assert pg.main(["--require-gpu"]) == 2
     assert pg.main(["--dtypes", "fp8"]) == 2  # a usage error names the arguments
+
+
+# ------------------------------------------------------------------------------ sinks (issue 23)
+
+
+def _sink_case(seed, **kw):
+    from attnverify.properties.sinks import with_sinks
+
+    fields = dict(heads_q=4, heads_kv=2, len_q=37, len_k=53, head_dim=32, dtype="float32", return_lse=True)
+    fields.update(kw)
+    c = av.build_case(av.CaseRecipe(device=DEV, seed=seed, **fields))
+    return with_sinks(c, {"sinks": {"kind": "mixed", "level": 2.0, "seed": seed}})
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(causal="bottom_right", dtype="bfloat16"),
+                                dict(len_k=0), dict(len_q=60, len_k=60, seqlens_q=[20, 0, 40], seqlens_k=[30, 10, 20],
+                                                    causal="bottom_right", dtype="float16")],
+                         ids=["plain-f32", "causal-bf16", "no-keys", "varlen-f16"])
+def test_sinks_forward_and_sink_gradient_match_the_reference(kw):
+    """out, LSE and every gradient (the sink's included) against the float64 reference, -inf sinks among them."""
+    from attnverify.reference import reference_backward, reference_forward
+
+    c = _sink_case(len(str(kw)), **kw)
+    sinks = c.spec.sinks.clone().requires_grad_(True)
+    spec = c.spec.replace(sinks=sinks)
+    q, k, v = (x.detach().clone().requires_grad_(True) for x in (c.q, c.k, c.v))
+    out, lse = flash_attention(q, k, v, spec)
+    ref = reference_forward(c.q, c.k, c.v, c.spec)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref.lse))
+    fin = torch.isfinite(ref.lse)
+    assert torch.allclose(lse[fin].double(), ref.lse[fin], atol=1e-3, rtol=1e-3)
+    tol = 1e-4 if c.q.dtype == torch.float32 else 2e-2
+    assert torch.allclose(out.double(), ref.out, atol=tol, rtol=tol)
+    g = torch.Generator().manual_seed(1)
+    d_out = torch.randn(out.shape, generator=g).to(out)
+    d_lse = torch.where(fin, torch.randn(lse.shape, generator=g, dtype=torch.float64).to(lse.device),
+                        torch.zeros((), dtype=torch.float64, device=lse.device))
+    gq, gk, gv, gs = torch.autograd.grad((out * d_out).sum() + (lse.nan_to_num(0, 0, 0) * d_lse.float()).sum(),
+                                         (q, k, v, sinks))
+    rg = reference_backward(c.q, c.k, c.v, c.spec, d_out.double(), d_lse)
+    for got, want in ((gq, rg.dq), (gk, rg.dk), (gv, rg.dv)):
+        assert torch.allclose(got.double(), want, atol=10 * tol, rtol=10 * tol)
+    assert torch.allclose(gs.double(), rg.dsinks.nan_to_num(0.0), atol=1e-3, rtol=1e-3), (gs, rg.dsinks)
+
+
+@pytest.mark.parametrize("prop", ["sinks_match_reference", "sink_limits"])
+def test_sink_properties_hold_and_reject_a_kernel_that_drops_the_sink(prop):
+    import warnings
+
+    from attnverify.properties import get_property
+    from attnverify.properties.driver import run_property
+
+    def run(adapter):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return run_property(get_property(prop), adapter, profile="ci", seed=0, database=None,
+                                report_dir="reports/test", max_examples=4)
+
+    res = run(triton_adapter)
+    assert res.statuses.get("passed", 0) >= 3, res.statuses
+
+    @av.adapter("triton-no-sink", register=False, dtypes=("float32",), devices=triton_adapter.claims.devices,
+                causal=("none", "bottom_right"), lse=True, backward=True, sinks=True, head_dims=(16, 32, 64))
+    def dropped(q, k, v, spec):
+        out, lse = flash_attention(q, k, v, spec.replace(sinks=None))
+        return av.Output(out, lse=lse if spec.return_lse else None)
+
+    if prop == "sinks_match_reference":  # (sink_limits needs rows without keys, which 4 examples may not draw)
+        with pytest.raises(AssertionError, match=prop):
+            run(dropped)

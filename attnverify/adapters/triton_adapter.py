@@ -8,7 +8,8 @@ Claims, and why each is true (tests/test_triton_kernel.py checks every one again
 fp16/bf16/fp32 with fp32 accumulation (fp32 dots in IEEE mode on GPU, not tf32); head dims 1..256,
 non-powers of two padded in the kernel, Dv != D; all three causal alignments; windows; softcap; ALiBi
 ((Hq,) or (B, Hq) slopes); GQA/MQA; varlen packs with empty segments; LSE (differentiable);
-fully-masked rows give 0 / LSE -inf / zero gradients; backward without atomics (deterministic).
+fully-masked rows give 0 / LSE -inf / zero gradients; backward without atomics (deterministic);
+sinks (per-head logits in every row's denominator, forward and their gradient).
 `tiles` are the fp16/bf16 forward tiles; fp32 and D > 128 use tiles that divide them, so lengths
 around multiples of the claimed tiles are tile boundaries for every configuration.
 """
@@ -86,6 +87,7 @@ def _refuses(case):
     dv_ne_d=True,
     fully_masked="zeros",
     deterministic=True,
+    sinks=True,
     tiles=_TILES,
     memory="linear",
 )

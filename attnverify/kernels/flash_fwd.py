@@ -9,6 +9,8 @@ kernel:
 - HAS_WINDOW (bounds bottom-right aligned, inclusive; -1 = unbounded, passed as a huge number),
 - HAS_SOFTCAP (s = c * tanh(s / c) after scaling), HAS_ALIBI (s -= slope * |i + Lk - Lq - j|),
 - IS_VARLEN (cu_seqlens: segment z of the queries sees only segment z of the keys),
+- HAS_SINKS (per-query-head sink logits: one more term exp(sink) in every row's denominator, with no
+  value row; applied once, after the key loop, so a row with no visible key gives 0 and LSE = sink),
 - head dims padded to powers of two (BLOCK_D, BLOCK_DV) with masked loads/stores,
 - UPCAST: convert dot operands to fp32 (the Triton interpreter's bf16 dot is wrong) and round to
   bf16 by hand (the interpreter truncates where a GPU rounds to nearest even).
@@ -24,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import LN2, _base, _dot, _key_range, _lowp, _scores, _segment, _slope
+from .common import LN2, LOG2E, _base, _dot, _key_range, _lowp, _scores, _segment, _slope
 
 
 @triton.jit
@@ -76,7 +78,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn
 # head dims only bound masks: not specialised, so D = 72 and 80 share one compiled kernel
 @triton.jit(do_not_specialize=["HEAD_DIM", "HEAD_DIM_V"])
 def _attn_fwd(
-    Q, K, V, O, LSE, SLOPES, CU_Q, CU_K,
+    Q, K, V, O, LSE, SLOPES, CU_Q, CU_K, SINKS,
     stride_qz, stride_qh, stride_qm, stride_qk,
     stride_kz, stride_kh, stride_kn, stride_kk,
     stride_vz, stride_vh, stride_vn, stride_vk,
@@ -90,7 +92,7 @@ def _attn_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, CAUSAL_BR: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, IS_VARLEN: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, HAS_SINKS: tl.constexpr = False,
 ):
     start_m = tl.program_id(0)
     off_zh = tl.program_id(1)
@@ -131,6 +133,14 @@ def _attn_fwd(
                                BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, True,
                                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
 
+    if HAS_SINKS:  # the sink joins the denominator: rescale to max(m, sink) and add exp(sink)
+        sink2 = tl.load(SINKS + off_h).to(tl.float32) * LOG2E
+        m_f = tl.maximum(m_i, sink2)
+        m_fs = tl.where(m_f == float("-inf"), 0.0, m_f)  # no key and a -inf sink: l stays 0
+        alpha = tl.math.exp2(m_i - m_fs)
+        l_i = l_i * alpha + tl.math.exp2(sink2 - m_fs)
+        acc = acc * alpha[:, None]
+        m_i = m_f
     has = l_i > 0.0
     l_safe = tl.where(has, l_i, 1.0)
     out = acc / l_safe[:, None]

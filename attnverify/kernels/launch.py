@@ -113,6 +113,7 @@ class Prepared:
     win_left: int
     win_right: int
     flags: dict
+    sinks: Optional[torch.Tensor] = None  # float32 (Hq,) on q's device, or None
 
 
 def prepare(q, k, v, spec) -> Prepared:
@@ -180,8 +181,13 @@ def prepare(q, k, v, spec) -> Prepared:
         UPCAST=interpreting(),
         IEEE=q.dtype == torch.float32,
     )
+    sinks = None
+    if getattr(spec, "sinks", None) is not None:
+        if tuple(spec.sinks.shape) != (hq,):
+            raise ValueError(f"triton attention: spec.sinks must be (Hq,) = ({hq},), got {tuple(spec.sinks.shape)}")
+        sinks = spec.sinks.detach().to(device=q.device, dtype=torch.float32).contiguous()
     return Prepared(b, hq, hkv, lq, lk, d, dv, n_batch, max_q, max_k, cu_q, cu_k, slopes, stride_az, stride_ah,
-                    scale, scale * common.LOG2E_F, softcap_scale, softcap_c2, win_left, win_right, flags)
+                    scale, scale * common.LOG2E_F, softcap_scale, softcap_c2, win_left, win_right, flags, sinks)
 
 
 def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[int] = None,
@@ -201,20 +207,24 @@ def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[i
     flash_fwd._attn_fwd[grid](
         q, k, v, out, lse, p.slopes if p.slopes is not None else lse,
         p.cu_q if p.cu_q is not None else lse, p.cu_k if p.cu_k is not None else lse,
+        p.sinks if p.sinks is not None else lse,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
         p.stride_az, p.stride_ah,
         p.hq, p.hq // p.hkv, p.lq, p.lk,
         p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
         **_head_dims(p), BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns, **p.flags,
+        HAS_SINKS=p.sinks is not None,
     )
     return out, lse, p
 
 
 def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = None, block_n: Optional[int] = None,
              num_warps: Optional[int] = None, num_stages: Optional[int] = None, prep: Optional[Prepared] = None,
-             config: Optional[Config] = None):
+             config: Optional[Config] = None, d_sinks: Optional[torch.Tensor] = None):
     """Returns (dq, dk, dv) in the inputs' dtype. d_lse may be None. `block_m`/`block_n` set dK/dV's
-    tiles and, transposed, dQ's; `config` replaces the default configuration."""
+    tiles and, transposed, dQ's; `config` replaces the default configuration. With sinks, `d_sinks`
+    (float32 (Hq,)) receives their gradient: the LSE saved by the forward includes the sink, so the
+    kernels' P and dS need no change, and dsink_h = -sum_{b,i} exp(sink_h - LSE_i) * delta_i."""
     p = prep or prepare(q, k, v, spec)
     cfg = config or default_config(p.d, q.dtype, q.device.type, p.dv)
     if block_m or block_n:
@@ -230,6 +240,8 @@ def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = 
         dq.zero_()
         dk.zero_()
         dv.zero_()
+        if d_sinks is not None:  # no key: out = 0, so D = 0 and dsink_h = sum_i P_sink,i dLSE_i
+            d_sinks.copy_(_sink_grad(p, lse, -d_lse if d_lse is not None else torch.zeros_like(lse)))
         return dq, dk, dv
     if p.flags["IS_VARLEN"]:
         # rows outside every segment (if cu_seqlens do not cover the pack) get no program
@@ -268,4 +280,21 @@ def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = 
         p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
         BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common,
     )
+    if d_sinks is not None:
+        d_sinks.copy_(_sink_grad(p, lse, delta))
     return dq, dk, dv
+
+
+def _sink_grad(p: Prepared, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """dsink_h = -sum_{b,i} P_sink,i delta_i (delta = D - dLSE); rows of LSE -inf (no key, no sink, or
+    outside every varlen segment) contribute nothing."""
+    if p.sinks is None:
+        raise ValueError("triton attention: d_sinks was given but spec.sinks is None")
+    psink = torch.exp(p.sinks.view(1, -1, 1) - lse)
+    psink = torch.where(torch.isneginf(lse), torch.zeros_like(psink), psink)
+    if p.flags["IS_VARLEN"]:  # rows past the last segment have no program: their delta is not written
+        covered = torch.zeros(lse.shape[-1], dtype=torch.bool, device=lse.device)
+        covered[: int(p.cu_q[-1])] = True
+        psink = torch.where(covered, psink, torch.zeros_like(psink))
+        delta = torch.where(covered, delta, torch.zeros_like(delta))
+    return -(psink * delta).sum(dim=(0, 2))
