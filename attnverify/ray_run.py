@@ -36,7 +36,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 LOCAL = "local"  # the const of a bare --ray
 _ATTEMPT = re.compile(r"^shard(\d+)of(\d+)-attempt(\d+)$")
