@@ -14,7 +14,7 @@ in its own process, exactly as a CI job would, so crash isolation is what it is 
    a signal, is retried up to --ray-retries times;
 3. each task attempt takes a new folder REPORT/attempts/RUN/shardKofN-attemptM (M = 1, 2, ...: the
    first free one), the report folder of its run (its journal is written record by record, so what an
-   attempt judged before it died is on disk), with attempt.json (shard, attempt, node, pid) and
+   attempt judged before it died is on disk), with attempt.json (shard, attempt, node, pid, the GPU) and
    output.log (the run's output) beside the journal; the run sees ATTNVERIFY_RAY_ATTEMPT=M;
 4. merges every attempt folder into REPORT (attnverify/reports/merge.py; one source per shard, the
    attempts of a shard combined as reports/attempts.py says) and renders it.
@@ -107,7 +107,8 @@ def _child_cmd(args: Sequence[str]) -> List[str]:
 def run_shard(args: Sequence[str], root: str, k: int, n: int, cwd: str, env: Dict[str, str]) -> dict:
     """A Ray task's body: one attempt of shard k/n in a subprocess; returns what the driver prints."""
     folder, attempt = new_attempt_dir(root, k, n)
-    info = {"shard": f"{k}/{n}", "attempt": attempt, "node": socket.gethostname(), "pid": os.getpid()}
+    info = {"shard": f"{k}/{n}", "attempt": attempt, "node": socket.gethostname(), "pid": os.getpid(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}  # a GPU task's GPU, set by Ray
     try:
         import ray
 

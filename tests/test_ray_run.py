@@ -58,8 +58,8 @@ RUN = ["run", "--adapter=mine", "--profile=ci", "--max-examples=4", "--seed=7", 
        "-q"]
 
 
-def _attnverify(cwd, *args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+def _attnverify(cwd, *args, **env_extra):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), **env_extra)
     env.pop("RAY_ADDRESS", None)
     return subprocess.run([sys.executable, "-m", "attnverify.cli", *RUN, *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -120,12 +120,15 @@ def test_four_ray_tasks_judge_what_one_run_judges_and_merge_to_its_matrix(tmp_pa
         assert [lab for lab, _ in c["sources"]] == [k.split("-")[0]]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the planted kill finds the Ray worker in /proc (Linux)")
 def test_a_killed_ray_task_is_retried_and_the_merge_keeps_what_it_journaled(tmp_path):
+    """On a local instance with two GPUs (logical ones: Ray's RAY_OVERRIDE_RESOURCES, as its own fake
+    clusters declare them; the adapter runs on the CPU): one shard per GPU, each on its own GPU."""
     (tmp_path / "conftest.py").write_text(KILLER)
-    res = _attnverify(tmp_path, "--ray", "--ray-shards=2", "--report=merged")
+    res = _attnverify(tmp_path, "--ray", "--report=merged", RAY_OVERRIDE_RESOURCES='{"GPU": 2}')
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
-    assert "(attempt 2 on" in out, out
+    assert "2 shard(s) as Ray tasks (1 GPU each" in out and "(attempt 2 on" in out, out
     attempts = _attempts(str(tmp_path / "merged"))
     merged = read_journal(str(tmp_path / "merged"))
     merged_results = _results(merged)
@@ -159,3 +162,6 @@ def test_a_killed_ray_task_is_retried_and_the_merge_keeps_what_it_journaled(tmp_
     manifest = json.loads((tmp_path / "merged" / "merged.json").read_text())
     assert [len(s["attempts"]) for s in manifest["sources"]] == [2, 2]
     assert all(a["attempt"] in (1, 2) and a["node"] for s in manifest["sources"] for a in s["attempts"])
+    gpus = [[a["cuda_visible_devices"] for a in s["attempts"]] for s in manifest["sources"]]
+    assert all(g in ("0", "1") for each in gpus for g in each), gpus  # one GPU per task, set by Ray
+    assert gpus[0][0] != gpus[1][0], gpus  # the two first attempts ran at once, each on its own GPU
