@@ -119,7 +119,7 @@ def run_shard(args: Sequence[str], root: str, k: int, n: int, cwd: str, env: Dic
         json.dump(info, f)
     cmd = _child_cmd(["run", *args[: _split(args)], f"--shard={k}/{n}", f"--report={folder}", "--no-html",
                       *args[_split(args):]])
-    child_env = dict(os.environ, **env, ATTNVERIFY_RAY_ATTEMPT=str(attempt))
+    child_env = {**os.environ, **env, "ATTNVERIFY_RAY_ATTEMPT": str(attempt)}
     with open(os.path.join(folder, "output.log"), "wb") as log:
         rc = subprocess.call(cmd, cwd=cwd if os.path.isdir(cwd) else folder, env=child_env, stdout=log,
                              stderr=subprocess.STDOUT)

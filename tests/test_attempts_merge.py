@@ -148,3 +148,20 @@ def test_run_argv_forwards_the_options_every_shard_needs():
     argv = run_argv(ns, ["-x"])
     assert argv == ["--adapter=mine", "--adapter=b.py:x", "--profile=ci", "--seed=5", "-k=a or b", "-q", "--", "-x"]
     assert cli.build_parser().parse_args(["run", "--ray", "--adapter=m"]).ray == "local"
+
+
+def test_the_ray_runs_exit_status_from_its_shards():
+    from attnverify.ray_run import _overall
+
+    assert _overall([0, 1, 2]) == 1 and _overall([2, 0, 0]) == 0  # a shard with an empty slice says 2
+    assert _overall([2, 2]) == 2 and _overall([0, 3, 1]) == 3 and _overall([]) == 3
+
+
+def test_attempt_folders_are_numbered_and_grouped_per_shard(tmp_path):
+    from attnverify.ray_run import attempt_groups, new_attempt_dir
+
+    made = [new_attempt_dir(str(tmp_path), 2, 4) for _ in range(3)] + [new_attempt_dir(str(tmp_path), 1, 4)]
+    assert [m for _, m in made] == [1, 2, 3, 1]
+    for path, _ in made[:2] + made[3:]:  # the third attempt of shard 2 died before journaling anything
+        (tmp_path / path / "results.jsonl").write_text("")
+    assert attempt_groups(str(tmp_path)) == {1: [made[3][0]], 2: [made[0][0], made[1][0]]}
