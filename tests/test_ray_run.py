@@ -93,7 +93,8 @@ def test_four_ray_tasks_judge_what_one_run_judges_and_merge_to_its_matrix(tmp_pa
     for f in (tmp_path / ".hypothesis").rglob("*"):  # the Ray run starts from a bare example database too
         if f.is_file():
             f.unlink()
-    res = _attnverify(tmp_path, "--ray", "--ray-shards=4", "--report=merged")
+    # CPU tasks also where Ray would find GPUs (RAY_OVERRIDE_RESOURCES: Ray's own resource override)
+    res = _attnverify(tmp_path, "--ray", "--ray-shards=4", "--report=merged", RAY_OVERRIDE_RESOURCES='{"GPU": 0}')
     out = res.stdout + res.stderr
     assert res.returncode == 1, out
     assert "4 shard(s) as Ray tasks (1 CPU each" in out and "merged 4 attempt(s) of 4 shard(s)" in out, out
