@@ -1,6 +1,7 @@
 """`attnverify`: run the suite, list adapters, replay a saved case, render the report.
 
     attnverify run [--adapter NAME ...] [--profile P] [--seed N] [-n N] [-- PYTEST ARGS]
+    attnverify run --ray [ADDRESS] [--ray-shards N] ...   # one Ray task per shard, one merged report
     attnverify adapters
     attnverify repro FILE            # reports/cases/<id>.json, or a results.jsonl: its dangling case
     attnverify report DIR            # or: attnverify report RUN1 RUN2 ... --out MERGED
@@ -348,6 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run shard K of N: a stable slice of the (adapter, property) pairs (attnverify.shards)")
     r.add_argument("--db", "--attn-db", dest="db", metavar="URL",
                    help="shared example database: redis://HOST:PORT/N or github:OWNER/REPO[/ARTIFACT]")
+    r.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run the shards as Ray tasks and merge their reports (attnverify.ray_run); no ADDRESS: a "
+                   "local Ray instance; auto or ray://HOST:PORT: a cluster")
+    r.add_argument("--ray-shards", type=int, metavar="N", help="with --ray: shards (default: the cluster's GPUs, else CPUs)")
+    r.add_argument("--ray-retries", type=int, default=3, metavar="R",
+                   help="with --ray: retries of a shard whose worker or node was lost (default 3)")
     r.add_argument("-n", "--numprocesses", dest="numprocesses", help="pytest-xdist workers (auto, N)")
     r.add_argument("-k", dest="keyword", help="pytest -k expression over test ids")
     r.add_argument("-q", "--quiet", action="store_true")
@@ -406,7 +413,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"attnverify {ns.cmd}: unrecognized arguments: {' '.join(unknown)}", file=sys.stderr)
         return EXIT_USAGE
     try:
+        if ns.cmd == "run" and ns.ray is not None:
+            from .ray_run import RayUnavailable, cmd_run_ray
+
+            try:
+                return cmd_run_ray(ns, unknown + extra)
+            except RayUnavailable as e:
+                raise CliUsageError(str(e)) from None
         if ns.cmd == "run":
+            if ns.ray_shards is not None:
+                raise CliUsageError("--ray-shards without --ray: give --ray [ADDRESS] too (or --shard K/N for one shard)")
             return cmd_run(ns, unknown + extra)
         if ns.cmd == "adapters":
             return cmd_adapters(ns)

@@ -67,7 +67,8 @@ Saved cases: `reports/cases/<id>.json`, <id> = sha1(property, adapter, drawn)[:1
 replays the dangling case). Beside each: `<id>.evidence.json` and `<id>.evidence.npz`, the failure's
 diagnosis, heatmap arrays and worst rows, computed during the run by the judging child
 (attnverify/evidence.py). A merged report folder (attnverify/reports/merge.py) adds `source` to
-every record and a `merged.json` manifest.
+every record and a `merged.json` manifest; where a source is a shard's Ray attempts, `attempt` too, and
+`attempts` (each attempt's status) on a result that several attempts judged (reports/attempts.py).
 """
 from __future__ import annotations
 

@@ -11,6 +11,8 @@
 #   keras (keras-torch; keras-jax with jax)                  ATTNVERIFY_NO_KERAS=1
 #   transformers (hf-sdpa, hf-eager)                         ATTNVERIFY_NO_TRANSFORMERS=1
 #   ATTNVERIFY_NO_CPU_CLIENTS=1 skips all four. A failed install leaves that adapter unavailable, saying why.
+# - ray[default] for `attnverify run --ray` and its tests (issue 26)     ATTNVERIFY_NO_RAY=1
+#   Without it `--ray` says how to install it and the Ray tests skip, saying why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -54,6 +56,10 @@ cpu_client ATTNVERIFY_NO_ONNX onnxruntime "onnx==1.23.2" "onnxruntime==1.31.1"
 cpu_client ATTNVERIFY_NO_TINYGRAD tinygrad "tinygrad==0.14.0"
 cpu_client ATTNVERIFY_NO_KERAS keras "keras==3.15.1"
 cpu_client ATTNVERIFY_NO_TRANSFORMERS transformers "transformers==5.23.0"
+# Ray: one task per shard on a local instance or a cluster (attnverify run --ray); the tests start a local one
+if [ -z "${ATTNVERIFY_NO_RAY:-}" ] && ! "$VPY" -c "import ray" >/dev/null 2>&1; then
+  "$VPY" -m pip install -q "ray[default]==2.60.0" || echo "setup: ray not installed; attnverify run --ray and its tests are unavailable (ATTNVERIFY_NO_RAY=1 skips it)"
+fi
 # tinygrad's CPU device compiles with clang (a Debian package, not a pip one)
 if [ -z "${ATTNVERIFY_NO_CPU_CLIENTS:-}${ATTNVERIFY_NO_TINYGRAD:-}" ] && ! command -v clang >/dev/null 2>&1 \
     && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

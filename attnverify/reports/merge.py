@@ -10,6 +10,13 @@ The merged folder holds:
 - merged.json: {"v": 1, "sources": [{"label", "path", "run_ids"}]}, which tells the report to show
   every source's records instead of the last run only.
 
+A source may also be a list of attempt folders of one shard, first attempt first (a Ray task retried
+after its node was lost: attnverify/ray_run.py): their last runs become one source, one result per
+(adapter, property, example) as attempts.py says, each record marked with its `attempt`; their case
+files go to cases/<label>/<attempt>/, and the source's manifest entry lists its "attempts" ({"label",
+"path", "run_ids"} and what the attempt folder's attempt.json says: node, pid). An `attempts/` folder
+inside the output folder (where `attnverify run --ray` keeps them) is left alone.
+
 Only files are read and written: nothing runs.
 """
 from __future__ import annotations
@@ -17,12 +24,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Union
 
 from ..journal import CASES_DIR, JOURNAL_NAME, dumps, last_run, read_journal
 from .model import MANIFEST, read_manifest, safe_id
 
 _GENERATED = ("index.html",)
+ATTEMPTS_DIR = "attempts"  # inside a merged folder: the attempt folders it was built from (never removed)
+ATTEMPT_INFO = "attempt.json"  # in an attempt folder: {"shard", "attempt", "node", "pid", ...}
+Source = Union[str, Sequence[str]]
 
 
 class MergeError(ValueError):
@@ -58,20 +68,53 @@ def _check_out(out: str, sources: Sequence[str]) -> None:
     for src in sources:
         if os.path.abspath(src) == out_abs:
             raise MergeError(f"--out {out!r} is one of the folders to merge; give a new folder")
-    if os.path.isdir(out) and os.listdir(out) and read_manifest(out) is None:
+    if os.path.isdir(out) and set(os.listdir(out)) - {ATTEMPTS_DIR} and read_manifest(out) is None:
         raise MergeError(f"--out {out!r} is a folder that holds something else than a merged report; give an empty "
                          "or new folder (or an earlier merge's folder, which is rebuilt)")
 
 
-def merge(sources: Sequence[str], out: str, labels: Optional[Sequence[str]] = None) -> str:
-    """Build the merged folder `out` from report folders `sources`; returns out (absolute)."""
+def _attempt_source(paths: Sequence[str], label: str, out: str) -> tuple:
+    """(records, manifest entry) of one shard's attempt folders, their case files copied under out."""
+    from .attempts import combine
+
+    names = _labels(paths)
+    entries, attempts = [], []
+    for path, name in zip(paths, names):
+        recs = last_run(path)
+        attempts.append((name, recs))
+        entry = {"label": name, "path": os.path.abspath(path),
+                 "run_ids": list(dict.fromkeys(r["run_id"] for r in recs if r.get("run_id") is not None))}
+        try:
+            with open(os.path.join(path, ATTEMPT_INFO)) as f:
+                entry.update({k: v for k, v in json.load(f).items() if k not in entry})
+        except (OSError, ValueError):
+            pass
+        entries.append(entry)
+        if os.path.isdir(os.path.join(path, CASES_DIR)):
+            shutil.copytree(os.path.join(path, CASES_DIR), os.path.join(out, CASES_DIR, label, name),
+                            ignore=shutil.ignore_patterns("*.html", "*.tmp"))
+    recs = []
+    for r in combine(attempts):
+        if r.get("case_file"):
+            r["case_file"] = os.path.join(CASES_DIR, label, r["attempt"], os.path.basename(str(r["case_file"])))
+        recs.append(dict(r, source=label))
+    run_ids = [i for e in entries for i in e["run_ids"]]
+    return recs, {"label": label, "path": os.path.abspath(paths[0]), "run_ids": run_ids, "attempts": entries}
+
+
+def merge(sources: Sequence[Source], out: str, labels: Optional[Sequence[str]] = None) -> str:
+    """Build the merged folder `out` from report folders `sources` (a list of folders: one shard's
+    attempts); returns out (absolute)."""
     if not sources:
         raise MergeError("give at least one report folder to merge")
     for src in sources:
-        if not os.path.isfile(os.path.join(src, JOURNAL_NAME)):
-            raise MergeError(f"{src!r} is no report folder (no {JOURNAL_NAME} in it); give the report folder of a run")
-    _check_out(out, sources)
-    labels = list(labels) if labels else _labels(sources)
+        for path in ([src] if isinstance(src, str) else src):
+            if not os.path.isfile(os.path.join(path, JOURNAL_NAME)):
+                raise MergeError(f"{path!r} is no report folder (no {JOURNAL_NAME} in it); give the report folder of a run")
+        if not isinstance(src, str) and not src:
+            raise MergeError("an empty list of attempt folders; give at least one")
+    _check_out(out, [p for src in sources for p in ([src] if isinstance(src, str) else src)])
+    labels = list(labels) if labels else _labels([src if isinstance(src, str) else src[0] for src in sources])
     out = os.path.abspath(out)
     if read_manifest(out) is not None:  # an earlier merge: rebuilt from scratch
         for name in (JOURNAL_NAME, MANIFEST, *_GENERATED):
@@ -82,6 +125,11 @@ def merge(sources: Sequence[str], out: str, labels: Optional[Sequence[str]] = No
     manifest = {"v": 1, "sources": []}
     lines = []
     for src, label in zip(sources, labels):
+        if not isinstance(src, str):
+            recs, entry = _attempt_source(src, label, out)
+            lines += [dumps(r) for r in recs]
+            manifest["sources"].append(entry)
+            continue
         inner = read_manifest(src)
         recs = read_journal(src) if inner is not None else last_run(src)
         src_cases = os.path.join(src, CASES_DIR)
