@@ -58,6 +58,38 @@ def cuda_initialised() -> bool:
         return False
 
 
+def lost_context() -> str:
+    """'' while this process's CUDA context (if it has one) still works, else the error a synchronize raises.
+
+    An error that does not read as a device fault can leave the context faulted all the same: cuDNN's
+    "mha_graph.execute(...).is_good() ... got false" did, and the next example, built on the dead context,
+    failed with "misaligned address" and was shrunk in its place (H200 re-run of 2026-12-04,
+    docs/compatibility.md F32). Never imports torch."""
+    if not cuda_initialised():
+        return ""
+    import sys
+
+    try:
+        sys.modules["torch"].cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - whatever the runtime raises is the lost context's own error
+        return f"{type(e).__name__}: {e}".strip()
+    return ""
+
+
+def _blame_lost_context(d: dict) -> dict:
+    """The result of the example after which the context is lost says so (a device fault: the child then exits)."""
+    if device_fault(d.get("message") or ""):
+        return d
+    lost = lost_context()
+    if not lost:
+        return d
+    # "CUDA error" in the note makes it a device fault: the child exits, the next example gets a fresh one
+    note = f"after this example the process's CUDA context was lost (CUDA error on synchronize: {lost.splitlines()[0][:300]})"
+    if d.get("passed"):
+        return {**d, "passed": False, "status": "error", "severity": 1e30, "message": note}
+    return {**d, "message": ((d.get("message") or "") + "\n" + note).lstrip("\n")}
+
+
 def _child_setup() -> None:
     """In a forked child: Ctrl-C is the parent's to handle; torch on ATTNVERIFY_CHILD_THREADS threads."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -97,6 +129,7 @@ def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None)
                               severity=1e30, status="error").to_dict()
         if not d.get("seconds"):
             d["seconds"] = time.perf_counter() - t0
+        d = _blame_lost_context(d)
         try:
             conn.send(d)
         except Exception as e:  # unpicklable records: send what can be sent

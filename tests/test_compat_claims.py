@@ -7,6 +7,8 @@ claim (each field of Claims but the head-dim predicate, the length cap and the t
 a feature left unclaimed too, since a claim narrower than the library's documentation is what the audit
 is for -- and the row's value is the adapter's. The claims are computed here
 for the device a section names (CUDA ones with cuda_present patched), so the table cannot drift from code.
+One test per table: on a GPU machine the tables of adapters that fix their device at import (triton, flex, jax)
+document the CPU CI's claims and are skipped there, saying so; every other table is compared on any machine.
 """
 from __future__ import annotations
 
@@ -67,22 +69,38 @@ def claims_for(name: str, device, monkeypatch) -> Claims:
     return get(name).claims
 
 
-def test_every_builtin_has_a_claims_table_and_its_rows_are_the_declared_claims(monkeypatch):
+def _tables() -> dict:
     with open(DOC, encoding="utf-8") as f:
-        tables = parse_audit(f.read())
+        return parse_audit(f.read())
+
+
+def test_every_builtin_has_a_claims_table():
+    tables = _tables()
     names = {n for n, _ in tables}
     assert set(BUILTINS) <= names, f"no claims table for {sorted(set(BUILTINS) - names)}"
     assert names <= set(BUILTINS), f"claims tables for unknown adapters {sorted(names - set(BUILTINS))}"
     for name in SDPA_DEVICE:
         assert any(n == name and d for n, d in tables), f"{name}: say the device in its heading, (CPU) or (CUDA)"
-    problems = []
-    for (name, device), rows in sorted(tables.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
-        want = expected_rows(claims_for(name, device, monkeypatch))
-        if rows != want:
-            extra = {k: v for k, v in rows.items() if want.get(k) != v}
-            missing = {k: v for k, v in want.items() if rows.get(k) != v}
-            problems.append(f"{name} ({device or 'any'}): the table says {extra}, the adapter claims {missing}")
-    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("key", sorted(_tables(), key=lambda k: (k[0], k[1] or "")),
+                         ids=lambda k: f"{k[0]}-{k[1] or 'any'}")
+def test_a_claims_table_rows_are_the_declared_claims(key, monkeypatch):
+    name, device = key
+    rows = _tables()[key]
+    want = expected_rows(claims_for(name, device, monkeypatch))
+    if rows != want and name not in SDPA_DEVICE and rows.get("devices") != want.get("devices"):
+        from attnverify.devices import cuda_present
+
+        if cuda_present():
+            # the SDPA tables are computed per device (cuda_present patched); triton, flex and jax pick their device
+            # (and with it dtypes and findings) once, at import, from the GPU present: their table documents the
+            # claims of the CPU CI, which this GPU machine cannot compute. The CPU CI runs this comparison.
+            pytest.skip(f"{name}: its table documents devices={rows.get('devices')} (the CPU CI's claims); on this "
+                        f"GPU machine the adapter claims devices={want.get('devices')}, chosen at import")
+    extra = {k: v for k, v in rows.items() if want.get(k) != v}
+    missing = {k: v for k, v in want.items() if rows.get(k) != v}
+    assert rows == want, f"{name} ({device or 'any'}): the table says {extra}, the adapter claims {missing}"
 
 
 def test_the_parser_sees_a_drifted_table(monkeypatch):

@@ -282,3 +282,40 @@ def test_an_adapter_that_compiles_raises_the_timeout_for_itself_only(monkeypatch
     # the floor applies per example (a compile happens once), not multiplied by the property's cost
     assert SubprocessRunner(timeout=1.0).timeout_for(Costly(), slow) == 6.0
     assert SubprocessRunner(timeout=0.5).timeout_for(Costly(), slow) == 4.0
+
+
+def test_an_error_that_leaves_the_context_lost_is_blamed_and_the_next_example_gets_a_fresh_child(
+        runner, monkeypatch, tmp_path):
+    """cuDNN's 'mha_graph.execute(...).is_good()' error reads as no device fault but left the CUDA context lost: the
+    next example died building its tensors and was shrunk in its place (H200 re-run, 2026-12-04). The child now
+    checks its context after every example: the example that lost it says so and the next one gets a fresh child."""
+    import attnverify.isolation as iso
+
+    flag = tmp_path / "lost"
+
+    def fake_lost():  # the child's synchronize fails once, after the example that broke the context
+        if flag.exists():
+            flag.unlink()
+            return "AcceleratorError: CUDA error: misaligned address"
+        return ""
+
+    monkeypatch.setattr(iso, "lost_context", fake_lost)
+    p, a = Act(), Adapter()
+    first = runner(p, a, {"do": "pid"}).message
+    flag.touch()
+    res = runner(p, a, {"do": "raise"})
+    assert res.status == "error" and "boom in the property" in res.message
+    assert "CUDA context was lost" in res.message and "misaligned address" in res.message
+    nxt = runner(p, a, {"do": "pid"})
+    assert nxt.passed and nxt.message != first  # a fresh child, not the one with the lost context
+    flag.touch()  # a passing example after which the context is lost is that example's failure
+    res = runner(p, a, {"do": "pid"})
+    assert not res.passed and res.status == "error" and "CUDA context was lost" in res.message
+    same = runner(p, a, {"do": "pid"})
+    assert same.passed and runner(p, a, {"do": "pid"}).message == same.message  # no loss: the child lives on
+
+
+def test_lost_context_is_empty_without_cuda():
+    from attnverify.isolation import lost_context
+
+    assert lost_context() == ""  # no CUDA context in this process: nothing to lose, torch not asked

@@ -21,3 +21,7 @@ VARLEN_LEAK = "varlen segment leak"
 # convention is zeros -- judged (no error raised), at least one fully-masked row in the case (SDPA's cuDNN, F26)
 FULLY_MASKED_NOT_ZERO = (r"^(?![\s\S]*(?:\] ERROR:|the property raised))[\s\S]*\b(?:out|dq|dk|dv): MISMATCH[\s\S]*"
                          r"note: [1-9]\d* fully-masked row\(s\) in this case; declared convention: zeros")
+
+# the output compared wrong on a float16/bfloat16 case with no non-finite value: a kernel that rounds the scores to
+# the input dtype before its softmax, against attnverify's same-dtype baseline with float32 scores (F30, F34)
+HALF_SCORES_OUT = r"^(?![\s\S]*non-finite)[\s\S]*shrunk case: [^\n]*\b(?:float16|bfloat16)\b[\s\S]*\bout: MISMATCH"

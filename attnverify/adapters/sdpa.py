@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 
 from ..spec import Spec
-from ._findings import DIFFERENT_KV, FULLY_MASKED_NOT_ZERO, NAN_Q_ROW_SWALLOWED
+from ._findings import DIFFERENT_KV, NAN_Q_ROW_SWALLOWED
+from ._sdpa_cuda_findings import CUDA_FINDINGS
 from .base import Adapter, Claims, _validate_claims, validate_known_failures
 from .registry import register_adapter
 from ..devices import cuda_present
@@ -197,41 +198,8 @@ _CPU_FLASH_FINDINGS = {
 }
 
 
-# Measured on the H200 (torch 2.11); docs/compatibility.md has each one's shrunk case and standalone repro.
-_CUDNN_DQ_NAN = ("cuDNN's SDPA backward (torch 2.11, H200) returns NaN dQ when every score of a row is far below 0 "
-                 "(row_shift -1000), fp16 and bf16 (docs/compatibility.md F10; benchmarks/repro_cudnn_dq_nan.py)")
-_EFFICIENT_INF_KEY = ("SDPA's mem-efficient backend (torch 2.11, H200), fp32: a key holding +inf makes NaN every row "
-                      "whose score against it is -inf, where the exact output is finite (docs/compatibility.md F12; "
-                      "benchmarks/repro_inf_key_nan.py: 11 of 11 such rows, any Lk; fp16/bf16 and math are right)")
-_CUDNN_FULLY_MASKED = {"why": "cuDNN's SDPA (torch 2.11, H200) gives neither 0 (PyTorch's stance since 2.5) nor NaN on "
-                              "a fully-masked row: -0.887 where 0 is expected, bool mask (2, 1, 9, 1), fp16 "
-                              "(docs/compatibility.md F26; benchmarks/results/probe_sdpa_h200.json 'fully_masked': "
-                              "'other'); to be re-run on the H200 with the widened claims",
-                       "match": FULLY_MASKED_NOT_ZERO}
-_CUDA_FINDINGS = {
-    "cudnn": {
-        "fully_masked_rows": _CUDNN_FULLY_MASKED,
-        "gradients_match_reference": _CUDNN_DQ_NAN,
-        "outputs_fully_written": _CUDNN_DQ_NAN,  # it compares the gradients too
-        "no_out_of_bounds": "cuDNN's SDPA (torch 2.11, H200) returns wrong outputs, silently, for q/k/v that are not "
-                            "16-byte aligned, and some such calls end in 'CUDA error: misaligned address' "
-                            "(docs/compatibility.md F11; benchmarks/repro_misaligned_sdpa.py)",
-    },
-    "flash": {
-        "dropout": "FlashAttention-2's dropout in SDPA's flash backend (torch 2.11, H200) keeps with probability "
-                   "(floor(255 (1-p)) + 1) / 256, not 1 - p, and rescales by 1 / (1-p): kept 0.10155 of 16,777,216 "
-                   "draws at p = 0.9 (fp16; expected 0.1, binomial p-value 4e-99) and 0.89833 at p = 0.1 "
-                   "(docs/compatibility.md F13; benchmarks/repro_sdpa_dropout.py)",
-    },
-    "efficient": {"nonfinite_inputs_propagate": _EFFICIENT_INF_KEY},
-    "default": {  # PyTorch's dispatch picks cuDNN for fp16/bf16 on the H200, mem-efficient for fp32
-        "fully_masked_rows": {"why": _CUDNN_FULLY_MASKED["why"] + "; the dispatch sends fp16/bf16 there (and its "
-                                     "backward returns NaN dQ on those rows)", "match": FULLY_MASKED_NOT_ZERO},
-        "gradients_match_reference": _CUDNN_DQ_NAN,
-        "outputs_fully_written": _CUDNN_DQ_NAN,
-        "nonfinite_inputs_propagate": _EFFICIENT_INF_KEY + "; the dispatch sends fp32 there",
-    },
-}
+# Measured on the H200 (torch 2.11): _sdpa_cuda_findings.CUDA_FINDINGS, each narrowed with `match`, with its
+# shrunk case in docs/compatibility.md and its standalone repro under benchmarks/.
 
 
 # torch 2.3.x on the CPU (measured on 2.3.1 with scripts/old_torch.sh; benchmarks/repro_sdpa_cpu_old_torch.py)
@@ -265,7 +233,7 @@ def _old_cpu_findings(backend: str) -> dict:
 
 def _known_failures(backend: str) -> dict:
     if cuda_present():
-        return dict(_CUDA_FINDINGS.get(backend, {}))
+        return dict(CUDA_FINDINGS.get(backend, {}))
     # PyTorch's own dispatch picks the flash kernel on the CPU for these cases
     known = dict(_CPU_FLASH_FINDINGS) if backend in ("flash", "default") else {}
     if _torch_version() < (2, 4):

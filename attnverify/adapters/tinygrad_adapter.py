@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 
 from ..spec import Spec
+from ._findings import HALF_SCORES_OUT
 from .base import adapter
 
 _DTYPES = ("float16", "float32", "float64")
@@ -59,6 +60,16 @@ def _refuses(case) -> Optional[str]:
     return None
 
 
+# `qk.cast(self.dtype).softmax(-1)`: float16 scores are rounded before a float16 softmax; attnverify's same-dtype
+# baseline keeps them in float32 (as fused kernels do). Measured (ci profile, 2026-12-04): 1.1x the norm-wise bound on
+# plain fp16 inputs, 0.012 relative error with every score shifted by 100 (docs/compatibility.md F34). Declared where
+# the ci profile saw it; the profile's other output properties were not reached in 10 minutes (on request: slow).
+_F34 = {"why": "tinygrad 0.14.0 rounds the attention scores to float16 before its softmax (`qk.cast(self.dtype)"
+               ".softmax(-1)`): relative L2 error 2.2e-4 where 2.0e-4 is allowed, 0.012 with every score shifted by 100 "
+               "(docs/compatibility.md F34)", "match": HALF_SCORES_OUT}
+_FINDINGS = {"forward_matches_reference": _F34, "causal_alignment": _F34}
+
+
 def _to_tiny(t: torch.Tensor):
     from tinygrad import Tensor
 
@@ -71,7 +82,7 @@ def _to_tiny(t: torch.Tensor):
     availability=_available, refuses=_refuses,
     dtypes=_DTYPES, devices=("cpu",), head_dims=lambda d: 1 <= d <= 512, max_seqlen=4096,
     causal=("none", "top_left"), attn_mask=True, gqa=True, dv_ne_d=True, fully_masked="unsupported",
-    deterministic=True,
+    deterministic=True, known_failures=_FINDINGS,
 )
 def tinygrad_attention(q, k, v, spec: Spec):
     """tinygrad.Tensor.scaled_dot_product_attention."""
