@@ -13,6 +13,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from .callable_module import make_callable
+from .timesplit import timed
 from .tolerances import Tolerance
 
 
@@ -78,6 +79,7 @@ def _nonfinite_agree(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return both_nan | same_inf
 
 
+@timed("compare")
 def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, *, ignore: Optional[torch.Tensor] = None) -> Comparison:
     """Compare `actual` (any dtype/device) with the float64 `expected`.
 
@@ -175,6 +177,7 @@ def _missing(name: str, exp: torch.Tensor, tol: Tolerance, why: str) -> Comparis
     )
 
 
+@timed("compare")
 def error_stats(actual, expected: torch.Tensor) -> Tuple[float, float]:
     """(relative L2, max abs) of a baseline against the reference, over elements finite in both."""
     if actual is None or not isinstance(actual, torch.Tensor) or tuple(actual.shape) != tuple(expected.shape):
