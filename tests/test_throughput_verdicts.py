@@ -176,3 +176,27 @@ def test_the_plugin_judges_every_property_in_one_child(pytester, monkeypatch):
     judges = {c[0] for c in calls}
     assert len(calls) >= 9 and all(c[0] != c[1] for c in calls)  # judged in a child, never in the driver
     assert len(judges) == 1, judges  # one child for the three properties (was: a fork per property)
+
+
+def test_the_worst_index_is_torchs_and_comparing_imports_no_sympy():
+    """torch.unravel_index's first call imported sympy: 2.7 s in every new judging process."""
+    import subprocess
+    import sys
+
+    from attnverify.compare import compare
+    from attnverify.tolerances import tolerance_for
+
+    g = torch.Generator().manual_seed(0)
+    for shape in [(2, 4, 65, 32), (1,), (3, 1, 5), (7, 1)]:
+        e = torch.randn(shape, generator=g, dtype=torch.float64)
+        a = e.float()
+        flat = (a.double() - e).abs().argmax()
+        a.view(-1)[int(flat)] += 1.0  # one planted worst element
+        want = tuple(int(i) for i in torch.unravel_index(torch.tensor(int(flat)), e.shape))
+        assert compare("out", a, e, tolerance_for("out", "float32")).worst_index == want
+    code = ("import sys, torch; from attnverify.compare import compare; from attnverify.tolerances import tolerance_for;"
+            "e = torch.randn(2, 3, 4, dtype=torch.float64); compare('out', e.float() + 1, e, tolerance_for('out', 'float32'));"
+            "print('sympy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
