@@ -9,8 +9,14 @@ is a `runner(prop, adapter, drawn) -> ExampleResult` for the property driver:
   result dict cross the pipe;
 - the parent, which drives Hypothesis, never touches the GPU, so forking is safe; the child may
   initialise CUDA freely and a corrupted context dies with it;
+- one child serves every example of every object it was forked with: the plugin `prepare`s every
+  property and adapter of the session before the first fork, so a worker forks once (a fork per new
+  property re-imported the adapter's libraries, started CUDA and reloaded compiled kernels each time);
+  an object sent that the child lacks makes a fresh fork that holds it too;
 - a child that dies is recreated at the next request; a child that does not answer within
   `timeout` seconds is killed (SIGKILL) and recreated;
+- each result carries its time split (attnverify.timesplit), timed in the child; the parent adds
+  `transfer`, its wait less the child's judging time (pipe, pickling, a fork);
 - the dead example becomes `ExampleResult(passed=False, status="crashed" | "timeout")` whose message
   names the signal or the timeout, with the case (recipe) when the draw holds one, so the driver can
   shrink it like any failure and the journal keeps it for `attnverify repro`.
