@@ -18,12 +18,13 @@
 # triton_results.jsonl, versions.txt
 set -u
 OUT=${OUT:-/tmp/throughput}; mkdir -p "$OUT"
-export PYTHONPATH=${PYTHONPATH:-$PWD} PYTEST_PLUGINS=${PYTEST_PLUGINS:-attnverify.plugin} PYTHONUNBUFFERED=1
+export PYTHONPATH=${PYTHONPATH:-$PWD} PYTEST_PLUGINS=${PYTEST_PLUGINS-attnverify.plugin} PYTHONUNBUFFERED=1
 TRITON_T=${TRITON_T:-200}
-# for a dry run on a CPU only: FLASH=sdpa-math TRITON_K=forward_matches TRITON_T=60 (defaults: the issue's runs)
+# for a dry run on a CPU only: FLASH=sdpa-math TRITON_K=forward_matches TRITON_T=60 PY=.venv/bin/python
+# PYTEST_PLUGINS= (where attnverify is pip-installed; defaults: the issue's runs with python3)
 FLASH=${FLASH:-sdpa-flash}
 W=$(mktemp -d /tmp/throughput.XXXXXX)
-py=python3
+py=${PY:-python3}
 
 $py - > "$OUT/versions.txt" 2>&1 <<'PY'
 import platform, torch
@@ -56,7 +57,7 @@ rep, iso, rc, t0, t1 = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.arg
 recs = last_run(rep)
 rows = [r for r in split_rows(recs) if r["property"] == "forward_matches_reference"]
 rate = rows[0]["per_s"] if rows else 0.0
-verdict = "MET" if rate >= 100 else "NOT MET"
+verdict = ("MET" if rate >= 100 else "NOT MET") if rows else f"NOT MEASURED (exit {rc}, see the log)"
 print(f"## {sys.argv[6]} forward_matches_reference, dev profile, -n 1, --isolate {iso}\n")
 print(f"exit {rc}; command wall {t1 - t0:.1f} s (startup included); "
       f"{rows[0]['examples'] if rows else 0} examples in {rows[0]['wall'] if rows else 0:.2f} s of the test item: "
@@ -86,7 +87,12 @@ outcomes = {}
 for r in ends:
     outcomes[r.get("outcome")] = outcomes.get(r.get("outcome"), 0) + 1
 stopped = rc in (124, 137)
-verdict = "NOT MET (stopped at the cap)" if stopped else ("MET" if wall <= 120 else "NOT MET")
+if stopped:
+    verdict = "NOT MET (stopped at the cap)"
+elif rc not in (0, 1) or not ends:  # 1: a property failed (a finding), the run itself completed
+    verdict = f"NOT MEASURED (the run did not complete: exit {rc}, see triton.log)"
+else:
+    verdict = "MET" if wall <= 120 else "NOT MET"
 print("## triton, whole dev profile, --max-examples 25, -n 4, cold Triton cache\n")
 print(f"exit {rc}{' (stopped at ' + cap + ' s)' if stopped else ''}; **wall {wall:.1f} s** (target <= 120 s: {verdict}); "
       f"{len(ends)} property items ended: {outcomes}; "
