@@ -200,3 +200,70 @@ def test_the_worst_index_is_torchs_and_comparing_imports_no_sympy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+# every keyword a refusal might read, claimed, so the drawn recipes reach every built-in refusal's rules
+@av.adapter("tp_wide", register=False, dtypes=("float16", "bfloat16", "float32"), devices=("cpu",),
+            causal=("none", "top_left", "bottom_right"), window=True, softcap=True, alibi=True, attn_mask=True,
+            gqa=True, varlen=True, dropout=True, lse=True, dv_ne_d=True, fully_masked="zeros", max_seqlen=512)
+def tp_wide(q, k, v, spec):  # pragma: no cover - only its claims are drawn from
+    raise AssertionError("never called")
+
+
+def test_the_value_free_probe_refuses_what_the_full_probe_refuses():
+    """Issue 25: the strategies filter draws with a probe whose q, k, v are not drawn (3 of a draw's 4 ms);
+    every built-in refusal answers the same on it as on the full probe, on CPU and CUDA stand-ins."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hseed
+
+    from attnverify.adapters.registry import all_adapters
+    from attnverify.case import CaseRecipe, build_probe
+    from attnverify.check import unclaimed
+    from attnverify.strategies import attention_cases
+
+    refusing = [a for a in all_adapters() if a.refuses is not None]
+    assert any(a.name == "sdpa-flash" for a in refusing)
+    seen = {"refused": 0, "judged": 0}
+
+    @hseed(5)
+    @settings(max_examples=150, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(attention_cases(adapter=tp_wide, profile="dev", device="cpu"))
+    def check(r):
+        for dev in ("cpu", "cuda"):
+            rr = CaseRecipe.from_dict({**r.to_dict(), "device": dev})
+            full, bare = build_probe(rr), build_probe(rr, values=False)
+            assert [t.shape for t in (full.q, full.k, full.v)] == [t.shape for t in (bare.q, bare.k, bare.v)]
+            assert [t.stride() for t in (full.q, full.k, full.v)] == [t.stride() for t in (bare.q, bare.k, bare.v)]
+            for a in refusing:
+                try:
+                    want = a.refuses(full)
+                except Exception as e:  # noqa: BLE001 - an optional library's refusal may need it
+                    want = f"raised {type(e).__name__}"
+                try:
+                    got = a.refuses(bare)
+                except Exception as e:  # noqa: BLE001
+                    got = f"raised {type(e).__name__}"
+                assert got == want, (a.name, rr.to_dict())
+                seen["refused" if want else "judged"] += 1
+            assert unclaimed(tp_eager, bare) == unclaimed(tp_eager, full)
+
+    check()
+    assert seen["refused"] and seen["judged"]  # both answers were met
+
+
+@av.adapter("tp_small_values", register=False, dtypes=("float32",), devices=("cpu",),
+            refuses=lambda case: "refuses |q| > 1" if float(case.q.abs().max()) > 1 else None)
+def tp_small_values(q, k, v, spec):
+    return _attention(q, k, v, spec.resolved_scale(q.shape[-1]))
+
+
+def test_a_refusal_about_values_is_asked_again_on_the_real_case():
+    """The documented fallback: the probe's zeros pass a refusal about values; the judge asks the real case
+    and skips it, never judges it."""
+    from attnverify.case import CaseRecipe, build_probe
+    from attnverify.check import unclaimed
+
+    r = CaseRecipe(len_q=8, len_k=8, head_dim=16, q_std=10.0)
+    assert unclaimed(tp_small_values, build_probe(r, values=False)) is None
+    res = get_property("forward_matches_reference").run_example(tp_small_values, {"recipe": r.to_dict()})
+    assert res.status == "skipped" and "refuses |q| > 1" in res.message
