@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, List, Optional
 
-from .timesplit import PHASES
+from .timesplit import JUDGE_PHASES, PHASES
 
 
 def split_rows(records: List[dict]) -> List[dict]:
@@ -29,7 +29,8 @@ def split_rows(records: List[dict]) -> List[dict]:
         split = rec.get("split") or {}
         for k, v in split.items():
             row["phases"][k] += float(v)
-        if not split:  # a crash or timeout (the judge died with its timer), or a journal from before the split
+        if not any(k in split for k in JUDGE_PHASES):  # a crash or timeout (the judge died with its timer), or a
+            # journal from before the split: its seconds are known, not where they went
             row["phases"]["unsplit"] += float(rec.get("seconds") or 0.0)
     out = []
     for key, row in rows.items():

@@ -267,3 +267,13 @@ def test_a_refusal_about_values_is_asked_again_on_the_real_case():
     assert unclaimed(tp_small_values, build_probe(r, values=False)) is None
     res = get_property("forward_matches_reference").run_example(tp_small_values, {"recipe": r.to_dict()})
     assert res.status == "skipped" and "refuses |q| > 1" in res.message
+
+
+def test_a_crashed_examples_seconds_are_unsplit_not_lost():
+    recs = [{"event": "result", "adapter": "a", "property": "p", "seconds": 2.5, "status": "crashed",
+             "split": {"draw": 0.5, "journal": 0.1}},
+            {"event": "result", "adapter": "a", "property": "p", "seconds": 1.0,
+             "split": {"draw": 0.25, "adapter": 0.75, "other": 0.25}}]
+    (row,) = split_rows(recs)
+    assert row["phases"]["unsplit"] == 2.5 and row["phases"]["draw"] == 0.75 and row["examples"] == 2
+    assert "unsplit" in split_table(recs).splitlines()[0]
