@@ -46,7 +46,8 @@ Per event:
         seconds     float;  records: [CheckResult.to_dict()] the error table of every check made
         split       {phase: seconds}, where the example's time went: draw, journal, transfer, case, adapter,
                     compile, reference, baseline, compare, other (attnverify.timesplit; phases without
-                    time left out; absent for a crash or timeout); benchmarks/time_split.py tabulates it
+                    time left out; draw and journal only for a crash or timeout, whose judge died with its
+                    timer); benchmarks/time_split.py tabulates it
         case        Case.to_dict() | null: id, seed, describe, shapes, dtype, device, recipe
     test_end    (one per (property, adapter) pytest item)
         property, adapter, test
