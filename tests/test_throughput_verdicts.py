@@ -277,3 +277,25 @@ def test_a_crashed_examples_seconds_are_unsplit_not_lost():
     (row,) = split_rows(recs)
     assert row["phases"]["unsplit"] == 2.5 and row["phases"]["draw"] == 0.75 and row["examples"] == 2
     assert "unsplit" in split_table(recs).splitlines()[0]
+
+
+def test_a_torch_compile_is_booked_to_compile_on_its_first_call_only():
+    """The compile phase comes from torch.compile's own callbacks (backend="eager": Dynamo traces, no C++
+    compiler needed): the first call of a shape compiles, the same shape again does not."""
+    from attnverify.isolation import InProcessRunner
+
+    compiled = torch.compile(lambda q, k, v, s: _attention(q, k, v, s), backend="eager", dynamic=False)
+
+    @av.adapter("tp_compiled", register=False, dtypes=("float32",), devices=("cpu",))
+    def tp_compiled(q, k, v, spec):
+        return compiled(q, k, v, spec.resolved_scale(q.shape[-1]))
+
+    from attnverify.case import CaseRecipe
+
+    prop, run = get_property("forward_matches_reference"), InProcessRunner()
+    drawn = {"recipe": CaseRecipe(len_q=8, len_k=8, head_dim=16, seed=3).to_dict()}
+    first, again = run(prop, tp_compiled, drawn), run(prop, tp_compiled, drawn)
+    assert first.passed and again.passed, (first.message, again.message)
+    assert first.split.get("compile", 0.0) > 0.0, first.split
+    assert again.split.get("compile", 0.0) == 0.0 and again.split.get("adapter", 0.0) > 0.0, again.split
+    assert first.split["compile"] > again.split["adapter"]  # a trace costs more than the call it makes
