@@ -18,6 +18,7 @@ from .compare import Comparison, compare, error_stats
 from .reference import reference_backward, reference_forward
 from .spec import Output, Spec
 from .tolerances import SCORE_U, UNIT_ROUNDOFF, expected_rounding, tolerance_for
+from .timesplit import phase, timed
 from .verdicts import bitwise_equal, severity
 
 STATUSES = ("passed", "failed", "error", "skipped")
@@ -277,7 +278,8 @@ def _check_grads(adapter, case, q, k, v, out, lse, keep, gen, tol, ignore_rows, 
         why = "the output is not connected to q, k, v by autograd (no grad_fn): backward is claimed"
     else:
         try:
-            got = torch.autograd.grad(roots, [q, k, v], grads, allow_unused=True)
+            with phase("adapter"):  # the adapter's backward
+                got = torch.autograd.grad(roots, [q, k, v], grads, allow_unused=True)
         except Exception as e:
             why = f"backward raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     if why is not None:
@@ -399,6 +401,7 @@ def _capped_score_sensitivity(q: torch.Tensor, k: torch.Tensor, scale: float, ca
     return max(float(cap), best)
 
 
+@timed("baseline")
 def _baseline(case: Case, keep, cache: dict, with_grads: bool, rows_ignored: Optional[torch.Tensor] = None,
               floors: Optional[dict] = None, lse_grad: Optional[torch.dtype] = None) -> Optional[dict]:
     """Errors of the same-dtype eager implementation on the very same inputs: name -> (rel_l2, max_abs,

@@ -13,6 +13,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from .callable_module import make_callable
+from .timesplit import timed
 from .tolerances import Tolerance
 
 
@@ -78,6 +79,7 @@ def _nonfinite_agree(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return both_nan | same_inf
 
 
+@timed("compare")
 def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, *, ignore: Optional[torch.Tensor] = None) -> Comparison:
     """Compare `actual` (any dtype/device) with the float64 `expected`.
 
@@ -164,7 +166,12 @@ def _ulp(mag: torch.Tensor, u: float) -> torch.Tensor:
 
 def _argmax_index(t: torch.Tensor) -> Tuple[int, ...]:
     flat = int(torch.argmax(torch.nan_to_num(t, nan=math.inf)))
-    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), t.shape))
+    # unravelled here: torch.unravel_index's first call imports sympy (2.7 s in every new judging process)
+    index = []
+    for n in reversed(t.shape):
+        flat, i = divmod(flat, n)
+        index.append(i)
+    return tuple(reversed(index))
 
 
 def _missing(name: str, exp: torch.Tensor, tol: Tolerance, why: str) -> Comparison:
@@ -175,6 +182,7 @@ def _missing(name: str, exp: torch.Tensor, tol: Tolerance, why: str) -> Comparis
     )
 
 
+@timed("compare")
 def error_stats(actual, expected: torch.Tensor) -> Tuple[float, float]:
     """(relative L2, max abs) of a baseline against the reference, over elements finite in both."""
     if actual is None or not isinstance(actual, torch.Tensor) or tuple(actual.shape) != tuple(expected.shape):

@@ -9,8 +9,14 @@ is a `runner(prop, adapter, drawn) -> ExampleResult` for the property driver:
   result dict cross the pipe;
 - the parent, which drives Hypothesis, never touches the GPU, so forking is safe; the child may
   initialise CUDA freely and a corrupted context dies with it;
+- one child serves every example of every object it was forked with: the plugin `prepare`s every
+  property and adapter of the session before the first fork, so a worker forks once (a fork per new
+  property re-imported the adapter's libraries, started CUDA and reloaded compiled kernels each time);
+  an object sent that the child lacks makes a fresh fork that holds it too;
 - a child that dies is recreated at the next request; a child that does not answer within
   `timeout` seconds is killed (SIGKILL) and recreated;
+- each result carries its time split (attnverify.timesplit), timed in the child; the parent adds
+  `transfer`, its wait less the child's judging time (pipe, pickling, a fork);
 - the dead example becomes `ExampleResult(passed=False, status="crashed" | "timeout")` whose message
   names the signal or the timeout, with the case (recipe) when the draw holds one, so the driver can
   shrink it like any failure and the journal keeps it for `attnverify repro`.
@@ -27,6 +33,7 @@ import time
 import traceback
 from typing import Any, Dict, Optional
 
+from . import timesplit
 from .properties.base import ExampleResult, device_fault
 
 DEFAULT_TIMEOUT = 60.0
@@ -119,6 +126,7 @@ def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None)
             break
         pkey, akey, drawn = msg
         t0 = time.perf_counter()
+        timesplit.begin()
         try:
             res = objects[pkey].run_example(objects[akey], drawn)
             if not isinstance(res, ExampleResult):
@@ -127,8 +135,10 @@ def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None)
         except BaseException as e:  # noqa: BLE001 - anything raised is the example's error, not the child's
             d = ExampleResult(False, message="".join(traceback.format_exception(type(e), e, e.__traceback__)[-8:]),
                               severity=1e30, status="error").to_dict()
+        d["split"] = {**timesplit.take(), **(d.get("split") or {})}
+        d["judge_seconds"] = time.perf_counter() - t0  # the parent books the rest of its wait to `transfer`
         if not d.get("seconds"):
-            d["seconds"] = time.perf_counter() - t0
+            d["seconds"] = d["judge_seconds"]
         d = _blame_lost_context(d)
         try:
             conn.send(d)
@@ -244,13 +254,13 @@ class SubprocessRunner:
         pk, ak = id(prop), id(adapter)
         self._objects.setdefault(pk, prop)
         self._objects.setdefault(ak, adapter)
+        t0 = time.perf_counter()
         if self._proc is not None and not ({pk, ak} <= self._child_keys and self._proc.is_alive()):
             self._stop()  # a new property/adapter since the fork (or a dead child): fork afresh
         if self._proc is None:
             if cuda_initialised():  # checked before every fork, restarts included
                 return self._in_process(prop, adapter, drawn)
             self._start()
-        t0 = time.perf_counter()
         try:
             self._conn.send((pk, ak, drawn))
         except (BrokenPipeError, OSError):
@@ -268,10 +278,13 @@ class SubprocessRunner:
         except (EOFError, OSError, ConnectionResetError):
             code = self._stop(kill=True)
             return self._dead(prop, adapter, drawn, time.perf_counter() - t0, exitcode=code)
+        wall = time.perf_counter() - t0
         if device_fault(d.get("message") or ""):
             self._stop()  # the child exits after a device fault (its CUDA context is lost): wait for it here,
             # so the next example starts a fresh child instead of being sent to one that is leaving
-        return ExampleResult.from_dict(d)
+        res = ExampleResult.from_dict(d)
+        res.split = {**res.split, "transfer": max(0.0, wall - float(d.get("judge_seconds") or 0.0))}
+        return res
 
     def _dead(self, prop, adapter, drawn, seconds: float, *, timeout: bool = False,
               exitcode: Optional[int] = None) -> ExampleResult:
@@ -326,11 +339,13 @@ class InProcessRunner:
 
     def __call__(self, prop, adapter, drawn) -> ExampleResult:
         t0 = time.perf_counter()
+        timesplit.begin()
         try:
             res = prop.run_example(adapter, drawn)
         except Exception as e:  # noqa: BLE001
             res = ExampleResult(False, message="".join(traceback.format_exception(type(e), e, e.__traceback__)[-8:]),
                                 severity=1e30, status="error")
+        res.split = {**timesplit.take(), **(res.split or {})}
         if not res.seconds:
             res.seconds = time.perf_counter() - t0
         return res

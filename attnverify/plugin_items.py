@@ -51,8 +51,13 @@ class PropertyItem(pytest.Item):
             from .isolation import make_runner
             from .probes import CONVENTIONS_JOB
 
+            from .properties import PROPERTIES
+
             s.runner = make_runner(s.isolate, s.timeout)
-            s.runner.prepare(EVIDENCE_JOB, CONVENTIONS_JOB)  # the judging child holds them from its first fork
+            # the judging child holds every job, property and adapter of the session from its first fork: one
+            # child serves them all (a fork per new property re-imported the adapter's libraries and, on a
+            # GPU, started CUDA and reloaded compiled kernels each time); a child that dies is still replaced
+            s.runner.prepare(EVIDENCE_JOB, CONVENTIONS_JOB, *s.properties, *PROPERTIES, *s.adapters)
         t0 = time.perf_counter()
         in_process0 = getattr(s.runner, "in_process_fallback", 0)
         drawn_by_index: Dict[Any, Any] = {}

@@ -126,3 +126,24 @@ def test_save_case_is_keyed_per_property_adapter_and_example(tmp_path):
     assert d["adapter"] == "a" and d["property"] == "p" and d["drawn"] == json.loads(json.dumps(drawn)) and d["status"] == "crashed"
     assert d["recipe"]["len_q"] == 4 and d["repro"].startswith("attnverify repro ") and d["seed_run"] == 9
     assert d["env"]["python"]
+
+
+def test_per_example_records_are_fsynced_at_most_once_a_second(tmp_path, monkeypatch):
+    """Issue 25: an fsync per example cost a third of an example's judging; the file still gets every
+    record at once (one O_APPEND write), and a lost machine loses at most `fsync_every` seconds."""
+    import attnverify.journal as jm
+
+    synced = []
+    monkeypatch.setattr(jm.os, "fsync", lambda fd: synced.append(fd))
+    j = Journal(str(tmp_path), run_id="r", fsync_every=3600.0)
+    j.write({"event": "run_start"})
+    for i in range(20):
+        j.write({"event": "case_start", "index": i})
+        j.write({"event": "result", "index": i, "passed": True})
+    j.write({"event": "test_end"})
+    assert len(synced) == 2  # run_start and test_end; the per-example records within the hour: none
+    assert len(read_journal(str(tmp_path))) == 42  # every record is in the file all the same
+    every = Journal(str(tmp_path), run_id="r2", fsync_every=0.0)
+    for i in range(5):
+        every.write({"event": "result", "index": i})
+    assert len(synced) == 7  # fsync_every=0: each one

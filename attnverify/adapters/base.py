@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
 from ..spec import CAUSAL_MODES, FULLY_MASKED_MODES
 from ..devices import cuda_present
+from ..timesplit import phase
 
 KNOWN_DTYPES = ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2")
 KNOWN_DEVICES = ("cpu", "cuda")
@@ -158,7 +159,8 @@ class Adapter:
     min_timeout: Optional[float] = None
 
     def __call__(self, q, k, v, spec):
-        return self.fn(q, k, v, spec)
+        with phase("adapter"):  # the example's time split (attnverify.timesplit); free when not timed
+            return self.fn(q, k, v, spec)
 
     def unavailable_reason(self) -> Optional[str]:
         if self.availability is not None:

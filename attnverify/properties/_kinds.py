@@ -14,6 +14,7 @@ from ..check import unclaimed, unpack_output
 from ..compare import error_stats
 from ..strategies import attention_cases, corpus
 from ..check import magnitudes, score_bound
+from ..timesplit import phase
 from ..verdicts import compare_pairs, comparison_verdict
 from ._within import Refused, ensure_claimed
 from .base import ExampleResult, Property
@@ -70,7 +71,8 @@ class CaseProperty(Property):
         t0 = time.perf_counter()
         case = None
         try:
-            case = build_case(CaseRecipe.from_dict(drawn["recipe"]), label=self.name)
+            with phase("case"):
+                case = build_case(CaseRecipe.from_dict(drawn["recipe"]), label=self.name)
             why = unclaimed(adapter, case)
             if why:  # the draw filtered a CPU probe; an adapter's `refuses` may judge the real case otherwise
                 res = ExampleResult(True, f"not claimed on the real case: {why}", status="skipped",
@@ -116,7 +118,8 @@ def _call(adapter, q, k, v, spec, *, backward=False, gen_seed=0):
         # drawn where the output lives: a CPU draw of a big case's dO cost seconds per call on the GPU machine
         g = torch.Generator(device=out.device).manual_seed(gen_seed)
         d_out = torch.randn(out.shape, generator=g, dtype=torch.float32, device=out.device).to(out.dtype)
-        dq, dk, dv = torch.autograd.grad([out], [q, k, v], [d_out], allow_unused=True)
+        with phase("adapter"):  # the adapter's backward
+            dq, dk, dv = torch.autograd.grad([out], [q, k, v], [d_out], allow_unused=True)
         res.update(dq=dq, dk=dk, dv=dv)
     return res
 
@@ -140,7 +143,8 @@ class MetamorphicProperty(CaseProperty):
         base = {}
         if case.dtype in naive.claims.dtypes and unclaimed(naive, case) is None:
             try:
-                base = {n: error_stats(g, e) for n, (g, e) in self.pairs(naive, case, params).items()}
+                with phase("baseline"):
+                    base = {n: error_stats(g, e) for n, (g, e) in self.pairs(naive, case, params).items()}
             except Exception:
                 base = {}
         # both sides carry their own rounding: the same score-size and scale floors as `check`

@@ -25,6 +25,9 @@ class ExampleResult:
     case: Optional[dict] = None  # Case.to_dict() of the (main) case, for the journal and repro
     status: str = ""  # passed | failed | error | crashed | timeout | skipped ('' -> from passed)
     seconds: float = 0.0
+    # where the example's seconds went, phase -> seconds (attnverify.timesplit: draw, transfer, case,
+    # adapter, compile, reference, baseline, compare, ...), filled by the runner and the driver
+    split: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.status:
@@ -34,11 +37,15 @@ class ExampleResult:
         return {
             "passed": self.passed, "message": self.message, "severity": self.severity,
             "records": self.records, "case": self.case, "status": self.status, "seconds": self.seconds,
+            "split": self.split,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> "ExampleResult":
-        return cls(**d)
+        return cls(**{k: v for k, v in d.items() if k in _FIELDS})
+
+
+_FIELDS = ("passed", "message", "severity", "records", "case", "status", "seconds", "split")
 
 
 class Property:

@@ -22,6 +22,7 @@ from hypothesis import example, given, seed as hyp_seed, target
 from hypothesis.errors import Unsatisfiable
 
 from ..origin import display_path as _rel
+from ..timesplit import rounded
 from .base import ExampleResult, Property
 from .profiles import DEFAULT_PROFILE, MAX_BUGS, hypothesis_settings
 
@@ -183,9 +184,12 @@ def _search(excluded, round_i, *, prop, adapter, profile, seed, max_examples, de
         state["n"] += 1
         run.examples += 1
         idx = run.examples
+        t1 = time.perf_counter()
+        split = {"draw": t1 - state.get("t_out", t_round)}  # in Hypothesis since the last example (timesplit)
         if journal is not None:
             journal({"event": "case_start", "property": prop.name, "adapter": adapter.name, "profile": profile,
                      "index": idx, "drawn": drawn})
+            split["journal"] = time.perf_counter() - t1
         t1 = time.perf_counter()
         try:
             res = runner(prop, adapter, drawn)
@@ -193,6 +197,7 @@ def _search(excluded, round_i, *, prop, adapter, profile, seed, max_examples, de
             res = ExampleResult(False, message=f"runner raised {type(e).__name__}: {e}", severity=1e30, status="error")
         if not res.seconds:
             res.seconds = time.perf_counter() - t1
+        res.split = rounded({**(res.split or {}), **split})
         if journal is not None:
             journal({"event": "result", "property": prop.name, "adapter": adapter.name, "profile": profile,
                      "index": idx, **res.to_dict()})
@@ -213,7 +218,9 @@ def _search(excluded, round_i, *, prop, adapter, profile, seed, max_examples, de
                     on_first_failure(idx, time.perf_counter() - t0)
             state["last_fail"] = (drawn, res)
             state["failing"][json.dumps(drawn, sort_keys=True, default=str)] = res
+            state["t_out"] = time.perf_counter()
             raise _ExampleFailed(res.message)
+        state["t_out"] = time.perf_counter()
 
     test = given(st_)(body)
     for ex in reversed(corpus):  # decorators apply bottom-up: keep the corpus order

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from ..spec import Spec
+from ..timesplit import timed
 from ._exact import ReferenceGrads, ReferenceResult, _dense_backward, _dense_forward, _Params
 from .online import OnlineState, online_softmax
 
@@ -92,6 +93,7 @@ def _seg_params(base: _Params, keep, q0, q1, k0, k1) -> _Params:
     )
 
 
+@timed("reference")
 def reference_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -128,6 +130,7 @@ def reference_forward(
     return ReferenceResult(out, lse)
 
 
+@timed("reference")
 def reference_backward(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -424,7 +424,9 @@ def _final_filter(r: CaseRecipe, cfg: _Cfg, fm_ok: bool, fm_force: bool) -> None
     if cfg.adapter.refuses is not None:
         from ..check import unclaimed
 
-        why = unclaimed(cfg.adapter, build_probe(r))  # a CPU probe: never start CUDA here
+        # a CPU probe (never start CUDA here) without drawn values: a refusal is about shapes, layouts and the
+        # spec (docs/adapters.md); the real case is asked again where it is judged
+        why = unclaimed(cfg.adapter, build_probe(r, values=False))
         if why is not None:
             _LAST_REFUSAL[cfg.adapter.name] = why
         assume(why is None)
