@@ -13,7 +13,7 @@ page_size = S. Loads past seq_k (and table entries past the last page) are maske
 slots never enters a score or a product.
 
 Splits: `splits` > 0 cuts every batch's keys into that many chunks of its own length (a multiple of
-BLOCK_N keys each); `splits` = 0 lets each batch choose min(max_splits, cdiv(seq_k, split_target)) --
+SPLIT_ALIGN keys each, so short sequences are split too); `splits` = 0 lets each batch choose min(max_splits, cdiv(seq_k, split_target)) --
 from its own length only, so a request's result never depends on what it is batched with. A split that
 gets no key (or sees none through causal / window) stores LSE -inf and a zero output.
 
@@ -47,7 +47,7 @@ def _decode_partial(
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, CAUSAL_BR: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DIRECT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DIRECT: tl.constexpr, SPLIT_ALIGN: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -94,7 +94,7 @@ def _decode_partial(
         n_split = splits + seq_k * 0
     else:
         n_split = tl.minimum(max_splits, tl.maximum(1, tl.cdiv(seq_k, split_target)))
-    chunk = tl.cdiv(tl.cdiv(seq_k, n_split), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(seq_k, n_split), SPLIT_ALIGN) * SPLIT_ALIGN
     k_lo = tl.maximum(lo, split * chunk)
     k_hi = tl.minimum(hi, split * chunk + chunk)
     if split >= n_split:

@@ -167,7 +167,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         hkv, group, lq, page, new_len, splits, max_splits, SPLIT_TARGET,
         sc, sc * common.LOG2E_F, cap_scale, cap_c2, wl, wr,
         d, dv, BLOCK_D=bd, BLOCK_DV=bdv, EVEN_D=d == bd, EVEN_DV=dv == bdv, BLOCK_M=bm, BLOCK_N=bn,
-        DIRECT=direct, num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else 2), **flags,
+        DIRECT=direct, SPLIT_ALIGN=16, num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else 2), **flags,
     )
     if not direct:
         rows_n = b * hq * lq
