@@ -26,9 +26,9 @@ def wants_serving(q, k, v, spec: Spec) -> bool:
 def serve(q, k, v, spec: Spec) -> Output:
     from ..kernels.serving import paged_decode
 
-    if spec.sinks is not None or spec.attention_chunk is not None:
-        raise NotImplementedError("triton's decode path implements neither sinks nor attention_chunk")
-    common = dict(num_splits=spec.num_splits, scale=spec.scale, causal=spec.causal, window=spec.window,
+    if spec.attention_chunk is not None:
+        raise NotImplementedError("triton's decode path does not implement attention_chunk")
+    common = dict(sinks=spec.sinks, num_splits=spec.num_splits, scale=spec.scale, causal=spec.causal, window=spec.window,
                   softcap=spec.softcap, alibi_slopes=spec.alibi_slopes)
     if spec.cache_seqlens is not None:
         out, lse = paged_decode(q, k, v, spec.cache_seqlens, block_table=spec.block_table,

@@ -6,7 +6,8 @@ every tensor, never assumed contiguous). For row r with split partials (o_s, lse
     m = max_s lse_s,  w_s = 2^(lse_s - m),  out = sum_s w_s o_s / sum_s w_s,  LSE = (m + log2 sum_s w_s) ln 2
 
 A split with lse_s = -inf (no key, or none visible) has weight 0 and its partial output is not even
-loaded; a row whose splits are all -inf gets output 0 and LSE -inf. The output is rounded to its dtype
+loaded; a row whose splits are all -inf gets output 0 and LSE -inf. Sinks (HAS_SINKS: one logit per query
+head) are one more partial with that LSE and a zero output. The output is rounded to its dtype
 once, after the merge; the LSE is natural-log.
 """
 from __future__ import annotations
@@ -14,19 +15,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import LN2, _lowp
+from .common import LN2, LOG2E, _lowp
 
 
 @triton.jit(do_not_specialize=["HEAD_DIM_V"])
 def _combine(
-    OP, LP, O, LSE,
+    OP, LP, O, LSE, SINKS,
     stride_pb, stride_ph, stride_pm, stride_ps, stride_pd,
     stride_xb, stride_xh, stride_xm, stride_xs,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_lb, stride_lh, stride_lm,
     n_rows, H, seq_q, n_splits, HEAD_DIM_V,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr,
-    UPCAST: tl.constexpr,
+    HAS_SINKS: tl.constexpr, UPCAST: tl.constexpr,
 ):
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = offs_r < n_rows
@@ -40,9 +41,14 @@ def _combine(
     lse = tl.load(lp[:, None] + offs_s[None, :].to(tl.int64) * stride_xs,
                   mask=row_ok[:, None] & (offs_s[None, :] < n_splits), other=float("-inf"))
     m = tl.max(lse, 1)
+    if HAS_SINKS:  # the sink: a partial of LSE = its logit and output 0
+        sink2 = tl.load(SINKS + head, mask=row_ok, other=0.0).to(tl.float32) * LOG2E
+        m = tl.maximum(m, sink2)
     m_use = tl.where(m == float("-inf"), 0.0, m)
     w = tl.math.exp2(lse - m_use[:, None])  # 0 for -inf partials
     l_sum = tl.sum(w, 1)
+    if HAS_SINKS:
+        l_sum += tl.math.exp2(sink2 - m_use)
 
     dv_ok = offs_dv[None, :] < BLOCK_DV
     if not EVEN_DV:

@@ -20,19 +20,20 @@ gets no key (or sees none through causal / window) stores LSE -inf and a zero ou
 Outputs: with DIRECT (one split) the final output (input dtype) and natural-log LSE; otherwise float32
 partials (out normalised by its own sum, LSE in base 2: scores are in log2 units here and in the
 combine kernel, kernels/combine.py, which is the only reader). Partials are never rounded to the input
-dtype before the merge.
+dtype before the merge. Sinks (HAS_SINKS, one logit per query head, a score over a zero value) join the
+denominator once: here with DIRECT, else in the combine.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .common import LN2, _dot, _lowp, _scores
+from .common import LN2, LOG2E, _dot, _lowp, _scores
 
 
 @triton.jit(do_not_specialize=["HEAD_DIM", "HEAD_DIM_V", "page_size", "new_len", "splits", "split_target"])
 def _decode_partial(
-    Q, K, V, O, LSE, OP, LP, SEQLENS, TABLE, SLOPES,
+    Q, K, V, O, LSE, OP, LP, SEQLENS, TABLE, SLOPES, SINKS,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kp, stride_ks, stride_kh, stride_kd,
     stride_vp, stride_vs, stride_vh, stride_vd,
@@ -47,7 +48,8 @@ def _decode_partial(
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, CAUSAL_BR: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DIRECT: tl.constexpr, SPLIT_ALIGN: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr, DIRECT: tl.constexpr,
+    SPLIT_ALIGN: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -133,6 +135,14 @@ def _decode_partial(
         acc = acc * alpha[:, None] + _dot(_lowp(p, v.dtype, UPCAST), v, UPCAST, IEEE)
         m_i = m_new
 
+    if HAS_SINKS and DIRECT:  # the sink: one more score (its raw logit) over a zero value, in the denominator
+        sink2 = tl.load(SINKS + head, mask=row_ok, other=0.0).to(tl.float32) * LOG2E
+        m_fin = tl.maximum(m_i, sink2)
+        m_fin_use = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+        alpha = tl.math.exp2(m_i - m_fin_use)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha + tl.math.exp2(sink2 - m_fin_use)
+        m_i = m_fin
     has = l_i > 0.0
     l_safe = tl.where(has, l_i, 1.0)
     out = acc / l_safe[:, None]

@@ -2,15 +2,16 @@
 
     out, lse = paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, cache_batch_idx=None,
                             k_new=None, v_new=None, num_splits=None, scale=None, causal="none", window=None,
-                            softcap=None, alibi_slopes=None)
+                            softcap=None, alibi_slopes=None, sinks=None)
 
 q (B, Hq, Lq, D); caches (N, S, Hkv, D) / (N, S, Hkv, Dv) (a paged pool of N pages of S slots with
 block_table (B, max_blocks) int32, or N cache rows of S slots, row cache_batch_idx[b] for batch b, default
 b); cache_seqlens (B,) int; k_new / v_new (B, Hkv, Lnew, D) are first written into the caches in place at
 slots cache_seqlens[b] .. (a torch scatter, not a kernel) and then attended to. causal is "none",
 "top_left" or "bottom_right" (over prefix + new keys), window (left, right) bottom-right aligned, -1
-unbounded. Forward only, no autograd. Returns out (B, Hq, Lq, Dv) in q's dtype and lse (B, Hq, Lq)
-float32 natural log (0 keys: out 0, LSE -inf).
+unbounded; sinks (Hq,) one logit per query head (a score over a zero value). Forward only, no autograd.
+Returns out (B, Hq, Lq, Dv) in q's dtype and lse (B, Hq, Lq) float32 natural log (0 keys and no sink:
+out 0, LSE -inf).
 
 num_splits: 1 = one pass, k = every batch's keys in k chunks merged by LSE (kernels/combine.py), None =
 each batch picks cdiv(its length, SPLIT_TARGET) splits, at most MAX_SPLITS, from its own length only (so
@@ -106,7 +107,7 @@ def _check(q, k_cache, v_cache, k_new, v_new, causal, validate_lengths, seqlens,
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens,
                  block_table=None, cache_batch_idx=None, k_new=None, v_new=None, num_splits: Optional[int] = None,
                  scale: Optional[float] = None, causal: str = "none", window=None, softcap: Optional[float] = None,
-                 alibi_slopes=None, *, block_n: Optional[int] = None, num_warps: Optional[int] = None,
+                 alibi_slopes=None, sinks=None, *, block_n: Optional[int] = None, num_warps: Optional[int] = None,
                  num_stages: Optional[int] = None, validate_lengths: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """See the module docstring. `validate_lengths=False` skips the checks that read the lengths back to the
     host (a sync per call); block_n / num_warps / num_stages override the tiles."""
@@ -139,6 +140,11 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if alibi_slopes is not None:
         slopes = torch.as_tensor(alibi_slopes, device=q.device).to(torch.float32)
         saz, sah = (0, slopes.stride(0)) if slopes.dim() == 1 else slopes.stride()
+    sink_t = lse
+    if sinks is not None:
+        sink_t = torch.as_tensor(sinks, device=q.device).to(torch.float32).reshape(-1).contiguous()
+        if sink_t.numel() != hq:
+            raise _bad("sinks", f"one logit per query head: ({hq},); got {tuple(torch.as_tensor(sinks).shape)}")
     interp = interpreting()
     group = hq // hkv
     bm = max(16, min(64, triton_next_pow2(group * lq)))
@@ -157,11 +163,11 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         lp = torch.empty(b, hq, lq, max_splits, device=q.device, dtype=torch.float32)
     bd, bdv = max(16, triton_next_pow2(d)), max(16, triton_next_pow2(dv))
     flags = dict(IS_CAUSAL=causal != "none", CAUSAL_BR=causal == "bottom_right", HAS_WINDOW=win != (-1, -1),
-                 HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None, UPCAST=interp,
+                 HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None, UPCAST=interp,
                  IEEE=q.dtype == torch.float32)
     grid = (b * hkv, triton.cdiv(group * lq, bm), max_splits)
     decode._decode_partial[grid](
-        q, k_cache, v_cache, out, lse, op, lp, seqlens, table, slopes,
+        q, k_cache, v_cache, out, lse, op, lp, seqlens, table, slopes, sink_t,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(), *op.stride(), *lp.stride(),
         *table.stride(), saz, sah,
         hkv, group, lq, page, new_len, splits, max_splits, SPLIT_TARGET,
@@ -173,9 +179,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         rows_n = b * hq * lq
         br = 16
         combine._combine[(triton.cdiv(rows_n, br),)](
-            op, lp, out, lse, *op.stride(), *lp.stride(), *out.stride(), *lse.stride(),
+            op, lp, out, lse, sink_t, *op.stride(), *lp.stride(), *out.stride(), *lse.stride(),
             rows_n, hq, lq, max_splits, dv,
             BLOCK_R=br, BLOCK_S=max(2, triton_next_pow2(max_splits)), BLOCK_DV=bdv, EVEN_DV=dv == bdv,
-            UPCAST=interp, num_warps=4,
+            HAS_SINKS=sinks is not None, UPCAST=interp, num_warps=4,
         )
     return out, lse
