@@ -9,7 +9,7 @@ Keys: batch b attends to seq_k = cache_seqlens[b] + new_len keys (an append is w
 before the launch). Key t lives in page TABLE[b, t // page_size] at slot t % page_size of the pool
 (N, page_size, Hkv, D) -- any strides, so a BHSD pool (N, Hkv, S, D) is the same kernel with other strides.
 A contiguous cache is the same thing with one "page" per batch: TABLE = cache_batch_idx[:, None] and
-page_size = S. Loads past seq_k (and table entries past the last page) are masked: garbage in unused
+page_size = S (ROW_IS_BATCH: row b, no table at all). Loads past seq_k (and table entries past the last page) are masked: garbage in unused
 slots never enters a score or a product.
 
 Splits: `splits` > 0 cuts every batch's keys into that many chunks of its own length (a multiple of
@@ -49,7 +49,7 @@ def _decode_partial(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, CAUSAL_BR: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr, DIRECT: tl.constexpr,
-    SPLIT_ALIGN: tl.constexpr,
+    SPLIT_ALIGN: tl.constexpr, ROW_IS_BATCH: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -111,7 +111,10 @@ def _decode_partial(
     for start_n in range(k_lo, k_hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         live = offs_n < k_hi
-        page = tl.load(t_row + (offs_n // page_size) * stride_tj, mask=live, other=0).to(tl.int64)
+        if ROW_IS_BATCH:  # a contiguous cache read at row b: no table to load
+            page = (offs_n * 0 + b).to(tl.int64)
+        else:
+            page = tl.load(t_row + (offs_n // page_size) * stride_tj, mask=live, other=0).to(tl.int64)
         slot = (offs_n % page_size).to(tl.int64)
         kmask = live[None, :]
         vmask = live[:, None]

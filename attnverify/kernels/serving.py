@@ -126,8 +126,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if k_new is not None:
         append_into_cache(k_cache, v_cache, k_new, v_new, seqlens, table, rows)
     new_len = 0 if k_new is None else int(k_new.shape[2])
+    row_is_batch = table is None and rows is None  # batch b reads cache row b: no table
     if table is None:  # one "page" per batch: its cache row
-        table = (rows if rows is not None else torch.arange(b, device=q.device, dtype=torch.int32))[:, None]
+        table = rows[:, None] if rows is not None else seqlens[:, None]  # (the latter never read)
     out = torch.empty(b, hq, lq, dv, device=q.device, dtype=q.dtype)
     lse = torch.empty(b, hq, lq, device=q.device, dtype=torch.float32)
     if b == 0 or hq == 0 or lq == 0:
@@ -173,7 +174,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         hkv, group, lq, page, new_len, splits, max_splits, SPLIT_TARGET,
         sc, sc * common.LOG2E_F, cap_scale, cap_c2, wl, wr,
         d, dv, BLOCK_D=bd, BLOCK_DV=bdv, EVEN_D=d == bd, EVEN_DV=dv == bdv, BLOCK_M=bm, BLOCK_N=bn,
-        DIRECT=direct, SPLIT_ALIGN=16, num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else 2), **flags,
+        DIRECT=direct, SPLIT_ALIGN=16, ROW_IS_BATCH=row_is_batch, num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else 2), **flags,
     )
     if not direct:
         rows_n = b * hq * lq
