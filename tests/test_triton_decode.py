@@ -225,3 +225,18 @@ def test_paged_decode_sinks_join_the_denominator_once(splits):
     assert torch.allclose(lse[1].cpu(), sinks.cpu()[:, None].expand(4, 1))
     plain, _ = paged_decode(case.q, case.k, case.v, s.cache_seqlens, block_table=s.block_table, num_splits=splits)
     assert (plain.double().cpu() - ref.out).abs().max() > 1e-2
+
+
+def test_paged_decode_reads_a_bhsd_pool_through_its_strides():
+    """A pool stored (N, Hkv, S, D) is passed as a (N, S, Hkv, D) view: the same answer as the contiguous pool,
+    bitwise (the kernel reads through the strides it is given)."""
+    case = build_case(_recipe(num_splits=2))
+    s = case.spec
+    bhsd_k, bhsd_v = case.k.transpose(1, 2).contiguous(), case.v.transpose(1, 2).contiguous()
+    a = paged_decode(case.q, case.k, case.v, s.cache_seqlens, block_table=s.block_table, num_splits=2)
+    b = paged_decode(case.q, bhsd_k.transpose(1, 2), bhsd_v.transpose(1, 2), s.cache_seqlens,
+                     block_table=s.block_table, num_splits=2)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    wrong = paged_decode(case.q, bhsd_k.view(case.k.shape), bhsd_v.view(case.v.shape), s.cache_seqlens,
+                         block_table=s.block_table, num_splits=2)  # the same bytes read as the other layout
+    assert not torch.equal(torch.nan_to_num(wrong[0], nan=9.0), a[0])
