@@ -10,6 +10,9 @@ non-powers of two padded in the kernel, Dv != D; all three causal alignments; wi
 ((Hq,) or (B, Hq) slopes); GQA/MQA; varlen packs with empty segments; LSE (differentiable);
 fully-masked rows give 0 / LSE -inf / zero gradients; backward without atomics (deterministic);
 sinks (per-head logits in every row's denominator, forward and their gradient).
+Serving (adapters/triton_serving.py, forward only): paged and contiguous KV caches of any page size
+through a split-KV decode kernel with an LSE combine kernel; append is a torch scatter before the
+kernel; num_splits any int >= 1 (claimed: those the tests run); deterministic and batch-invariant.
 `tiles` are the fp16/bf16 forward tiles; fp32 and D > 128 use tiles that divide them, so lengths
 around multiples of the claimed tiles are tile boundaries for every configuration.
 """
@@ -90,10 +93,19 @@ def _refuses(case):
     sinks=True,
     tiles=_TILES,
     memory="linear",
+    kv_cache=True,
+    paged=True,
+    page_sizes=lambda p: p >= 1,
+    append=True,
+    num_splits=(1, 2, 3, 4, 8, 16),
 )
 def triton(q, k, v, spec: Spec):
     """The bundled Triton FlashAttention-2 kernel."""
     use_interpreter_if_needed()
+    from .triton_serving import serve, wants_serving
+
+    if wants_serving(q, k, v, spec):
+        return serve(q, k, v, spec)
     from ..kernels.autograd import flash_attention
 
     out, lse = flash_attention(q, k, v, spec)
