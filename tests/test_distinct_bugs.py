@@ -34,6 +34,21 @@ def two_bugs(q, k, v, spec):
     return forward(q, k, v, spec.replace(return_lse=False), ("pad_tail",)) if k.shape[2] % 32 else attend(q, k, v, spec)
 
 
+# a user's adapter with two bugs that differ only by the batch: keys past Lk up to a multiple of 32 count
+# with score 0 when Lk % 32 != 0 (in every batch, so batch_head_independence cannot see it); and on such a
+# partial key tile, batch b > 0 reads batch 0's values (only batch_head_independence's kind of check sees
+# that apart from the first bug)
+@adapter("tail-and-tail-batch", register=False, **CLAIMS)
+def tail_and_tail_batch(q, k, v, spec):
+    from attnverify.zoo._multi import forward
+
+    if k.shape[2] % 32 == 0:
+        return attend(q, k, v, spec)
+    v = v.clone()
+    v[1:] = v[:1]
+    return forward(q, k, v, spec.replace(return_lse=False), ("pad_tail",))
+
+
 @adapter("correct-eager", register=False, **CLAIMS)
 def correct(q, k, v, spec):
     return attend(q, k, v, spec)
@@ -87,6 +102,70 @@ def test_attribution_names_what_a_failure_needs_and_what_it_does_not():
         assert a.text().startswith("needs Lk not a multiple of 32; holds with")
         a = attribute(G, two_bugs, drawn, runner, profile="ci")
         assert "the forward alone" in a.holds, a.text()  # the bug is in the forward
+    finally:
+        runner.close()
+
+
+BHI = get_property("batch_head_independence")
+
+
+def _bhi_drawn(**kw):  # pick=1: the second batch alone against its rows of the full call
+    return {"recipe": CaseRecipe(**{"len_q": 1, "len_k": 1, "head_dim": 16, **kw}).to_dict(), "pick": 1}
+
+
+def test_a_feature_the_property_forces_is_judged_with_a_stand_in_so_one_bug_stays_one_entry():
+    """batch_head_independence needs B >= 2 or Hkv >= 2. Its failure on B=2 with keys past the tile is the
+    batch bug alone (the tail bug is the same in both calls): B -> 1 is judged by the property itself with
+    two heads in its place, so it needs B >= 2, as forward_matches_reference's sighting of the batch bug.
+    (forward_matches_reference on B=1 would have failed on the tail bug: 'holds with B=1', a 4th entry.)"""
+    runner = make_runner("auto")
+    try:
+        a = attribute(BHI, two_bugs, _bhi_drawn(batch=2), runner, profile="dev")
+        assert a.needs == ["B >= 2"], a.text()
+        v = next(v for v in a.verdicts if v.feature == "batch")
+        assert v.judged_by == "batch_head_independence" and "Hq=2 Hkv=2 in its place" in v.holds, v
+        fwd = attribute(F, two_bugs, {"recipe": CaseRecipe(batch=2, len_q=32, len_k=32, head_dim=16).to_dict()},
+                        runner, profile="dev")
+        assert fwd.needs == ["B >= 2"] and fwd.signature() == a.signature(), (fwd.text(), a.text())
+        assert not runner(F, two_bugs, {"recipe": CaseRecipe(len_q=1, len_k=1, head_dim=16).to_dict()}).passed
+    finally:
+        runner.close()
+
+
+def test_two_bugs_that_differ_only_by_a_forced_feature_stay_apart():
+    """What is provable: the tail bug needs only the partial tile (forward_matches_reference varies B);
+    batch_head_independence's bug there needs B >= 2 too, proved by the property itself with a stand-in.
+    Dropping the forced feature from its needs, or reading forward_matches_reference's failure on B=1 (the
+    tail bug) as 'holds with B=1', would merge the two."""
+    from attnverify.bugs import group
+
+    runner = make_runner("auto")
+    try:
+        tail = attribute(F, tail_and_tail_batch, {"recipe": CaseRecipe(batch=2, len_q=1, len_k=1, head_dim=16)
+                                                  .to_dict()}, runner, profile="dev")
+        assert tail.needs == ["Lk not a multiple of 32"], tail.text()
+        both = attribute(BHI, tail_and_tail_batch, _bhi_drawn(batch=2), runner, profile="dev")
+        assert sorted(both.needs) == ["B >= 2", "Lk not a multiple of 32"], both.text()
+        assert not runner(F, tail_and_tail_batch, {"recipe": CaseRecipe(len_q=1, len_k=1, head_dim=16)
+                                                   .to_dict()}).passed  # the substitute sees the tail bug
+        rows = [{"signature": x.signature(), "needs": x.needs, "property": p.name, "adapter": "tail-and-tail-batch",
+                 "describe": x.describe} for x, p in ((tail, F), (both, BHI))]
+        assert len(group(rows)) == 2
+    finally:
+        runner.close()
+
+
+def test_a_failing_substitute_judge_leaves_the_forced_feature_untested():
+    """Without a stand-in (causal_alignment always draws causal), forward_matches_reference judges causal=none;
+    its failure there (the tail bug) may be another bug: 'untested', never 'holds with causal=none'."""
+    runner = make_runner("auto")
+    try:
+        ca = get_property("causal_alignment")
+        a = attribute(ca, two_bugs, {"recipe": CaseRecipe(len_q=2, len_k=33, head_dim=16, causal="bottom_right")
+                                     .to_dict()}, runner, profile="dev")
+        v = next(v for v in a.verdicts if v.feature == "causal")
+        assert v.verdict == "untested" and "maybe another bug" in v.why and v.judged_by == F.name, v
+        assert "causal=none" not in a.holds and a.needs == ["Lk not a multiple of 32"], a.text()
     finally:
         runner.close()
 
@@ -158,5 +237,20 @@ def test_dev_reports_each_planted_bug_with_its_needs(name, monkeypatch):
     m = get_member(name)
     c = count_bugs(m, profile="dev", max_examples=40, shrink_budget_s=15,
                    properties=list(m.expected) + ["batch_head_independence"])
-    assert c.all_found, (c.matched, [(g["needs"], g["describe"]) for g in c.found])
-    assert len(set(c.matched.values())) == len(c.planted)  # each its own entry
+    found = [(g["needs"], g["properties"], g["describe"]) for g in c.found]
+    assert c.all_found and not c.errors, (c.matched, found, c.errors)
+    assert len(c.found) == len(c.planted), found  # each planted bug its own entry, and nothing else
+    for p in m.planted:  # with exactly its needs
+        g = next(g for g in c.found if g["signature"] == c.matched[p.name])
+        assert sorted(g["needs"]) == sorted(p.needs), (p.name, g["needs"], found)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [m.name for m in MULTI])
+def test_ci_stops_each_property_at_its_first_bug(name, monkeypatch):
+    monkeypatch.undo()
+    m = get_member(name)
+    for prop in m.expected:
+        with pytest.raises(PropertyFailed) as ei:
+            _run(get_property(prop), m.adapter, profile="ci", shrink_budget_s=5)
+        assert len(ei.value.bugs) == 1 and "distinct bug" not in str(ei.value), (prop, str(ei.value)[:2000])
