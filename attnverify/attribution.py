@@ -18,7 +18,9 @@ the property cannot take (it removes a feature the property always draws) is jud
 itself with a stand-in where one makes the case acceptable (STAND_INS: B -> 1 with twice the heads for
 batch_head_independence, which needs B >= 2 or Hkv >= 2); else by forward_matches_reference
 (gradients_match_reference for a property judging gradients): its pass means the feature is needed, its
-failure leaves the feature untested (it may be another bug: docs/reference.md#distinct-bugs).
+failure leaves the feature untested (it may be another bug: docs/reference.md#distinct-bugs). return_lse
+is needed only where the output is right: a property that sees the failure only through the LSE while
+forward_matches_reference fails on the output of the same case leaves it untested.
 
 `matches(needs, recipe)` is the filter the continued search uses (properties.driver): a case that has
 every case feature of a found bug's needs is that bug again. `signature(needs, describe)` names a
@@ -330,6 +332,19 @@ def _stand_in(prop, adapter, r: CaseRecipe, nb: CaseRecipe, v: Verdict):
     return None
 
 
+def _output_wrong(prop, adapter, nb: CaseRecipe, runner, journal) -> bool:
+    """Whether forward_matches_reference fails on `nb` (the case without the LSE)."""
+    base = _base_property(prop, adapter, backward=False)
+    if base is None or _claims_why(adapter, nb) or _fits(base, adapter, nb):
+        return False
+    nd = {"recipe": nb.to_dict()}
+    res = runner(base, adapter, nd)
+    if journal is not None:
+        journal({"event": "neighbour", "property": prop.name, "judged_by": base.name, "feature": "lse",
+                 "drawn": nd, "status": res.status, "passed": res.passed})
+    return not res.passed and res.status != "skipped"
+
+
 def _is_backward(prop) -> bool:
     return bool(getattr(prop, "backward_cases", False)) or "backward" in tuple(getattr(prop, "needs", ()))
 
@@ -434,6 +449,11 @@ def _judge_all(prop, adapter, r: CaseRecipe, params: dict, runner, ctx: dict, jo
             # the property always draws the feature and no stand-in fits: the base property failing
             # without it may be another bug, so this says nothing about the property's failure
             v.why = f"{prop.name} always draws it; {judge.name} fails without it too: maybe another bug"
+            continue
+        if res.passed and judge is prop and v.feature == "lse" and _output_wrong(prop, adapter, nb, runner, journal):
+            # the property sees it only through the LSE, but the output is wrong there too: the LSE is how
+            # this property sees the bug, not what the bug needs
+            v.why = f"{prop.name} sees it only through the LSE; forward_matches_reference fails on the output too"
             continue
         v.verdict = "needed" if res.passed else "not needed"
         if reduce and not res.passed and judge is prop and not stood_in and (

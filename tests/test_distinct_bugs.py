@@ -254,3 +254,46 @@ def test_ci_stops_each_property_at_its_first_bug(name, monkeypatch):
         with pytest.raises(PropertyFailed) as ei:
             _run(get_property(prop), m.adapter, profile="ci", shrink_budget_s=5)
         assert len(ei.value.bugs) == 1 and "distinct bug" not in str(ei.value), (prop, str(ei.value)[:2000])
+
+
+# two user adapters with a batch bug seen through the LSE: one writes batch b > 0's output and LSE at batch
+# b - 1's rows; the other gets the output right and only the LSE wrong
+@adapter("rows-out-and-lse", register=False, **dict(CLAIMS, lse=True))
+def rows_out_and_lse(q, k, v, spec):
+    from attnverify.zoo._multi import forward
+
+    return forward(q, k, v, spec, ("batch_rows",))
+
+
+@adapter("rows-lse-only", register=False, **dict(CLAIMS, lse=True))
+def rows_lse_only(q, k, v, spec):
+    import torch
+
+    from attnverify.spec import Output
+
+    res = attend(q, k, v, spec)
+    if res.lse is None or q.shape[0] < 2:
+        return res
+    return Output(res.out, lse=torch.cat([res.lse[1:], torch.zeros_like(res.lse[:1])], 0))
+
+
+def test_the_lse_is_needed_only_where_the_output_is_right():
+    """row_shift_invariance sees a batch bug only through the LSE (the output is wrong by the same amount in
+    both calls). Where forward_matches_reference fails on the output of the same case, return_lse is how the
+    property sees the bug, not what it needs: the same entry as forward_matches_reference's; where the output
+    is right, the bug is the LSE's and needs it."""
+    rs = get_property("row_shift_invariance")
+    drawn = {"recipe": CaseRecipe(batch=2, len_q=4, len_k=4, head_dim=16, return_lse=True).to_dict(), "shift": 100.0}
+    runner = make_runner("auto")
+    try:
+        a = attribute(rs, rows_out_and_lse, drawn, runner, profile="dev")
+        v = next(v for v in a.verdicts if v.feature == "lse")
+        assert v.verdict == "untested" and "only through the LSE" in v.why, v
+        assert a.needs == ["B >= 2"], a.text()
+        fwd = attribute(F, rows_out_and_lse, {"recipe": CaseRecipe(batch=2, len_q=4, len_k=4, head_dim=16).to_dict()},
+                        runner, profile="dev")
+        assert fwd.signature() == a.signature(), (fwd.text(), a.text())
+        b = attribute(rs, rows_lse_only, drawn, runner, profile="dev")
+        assert sorted(b.needs) == ["B >= 2", "return_lse"], b.text()
+    finally:
+        runner.close()
