@@ -332,6 +332,17 @@ def _stand_in(prop, adapter, r: CaseRecipe, nb: CaseRecipe, v: Verdict):
     return None
 
 
+def _backward_only(result) -> bool:
+    """Whether a failing result compared the output fine and only gradients (dq, dk, dv) wrong."""
+    recs = list(getattr(result, "records", None) or [])
+    if not recs or any(r.get("error") or r.get("status") in ("error", "crashed", "timeout") for r in recs):
+        return False
+    comps = [c for r in recs for c in (r.get("comparisons") or [])]
+    bad = [c.get("name") for c in comps if not c.get("passed")]
+    return bool(bad) and set(bad) <= {"dq", "dk", "dv"} and any(c.get("name") == "out" and c.get("passed")
+                                                               for c in comps)
+
+
 def _output_wrong(prop, adapter, nb: CaseRecipe, runner, journal) -> bool:
     """Whether forward_matches_reference fails on `nb` (the case without the LSE)."""
     base = _base_property(prop, adapter, backward=False)
@@ -365,10 +376,13 @@ MAX_PASSES = 4
 
 
 def attribute(prop, adapter, drawn: Any, runner, *, profile: str = "dev", describe: str = "",
-              journal: Optional[Callable[[dict], None]] = None) -> Optional[Attribution]:
+              journal: Optional[Callable[[dict], None]] = None, result: Any = None) -> Optional[Attribution]:
     """Judge the single-feature neighbours of a shrunk failing example through `runner`; None when the
     example holds no recipe (nothing to vary). A neighbour that is simpler and still fails becomes the
-    case (`Attribution.reduced`: (drawn, ExampleResult)), and its neighbours are judged in turn."""
+    case (`Attribution.reduced`: (drawn, ExampleResult)), and its neighbours are judged in turn.
+    `result` (the example's ExampleResult): for a property that judges gradients beside other things
+    (outputs_fully_written), a failing call whose output matched and whose gradients did not needs the
+    backward."""
     import time
 
     recipe = drawn.get("recipe") if isinstance(drawn, dict) else None
@@ -384,6 +398,10 @@ def attribute(prop, adapter, drawn: Any, runner, *, profile: str = "dev", descri
         if step is None:  # nothing simpler fails: the verdicts are all about r
             break
         r, reduced = step[0], step
+    last = reduced[1] if reduced is not None else result
+    if not _is_backward(prop) and _backward_only(last):
+        verdicts.append(Verdict("backward", "needed", "the backward", "the forward alone (the failing call's "
+                                "output matched; only its gradients did not)", judged_by=prop.name, status="failed"))
     out = Attribution(verdicts=verdicts, describe=describe)
     if reduced is not None:
         out.reduced = ({"recipe": r.to_dict(), **params}, reduced[1])

@@ -297,3 +297,33 @@ def test_the_lse_is_needed_only_where_the_output_is_right():
         assert sorted(b.needs) == ["B >= 2", "return_lse"], b.text()
     finally:
         runner.close()
+
+
+@adapter("dk-unscaled", register=False, **CLAIMS)
+def dk_unscaled(q, k, v, spec):  # a user's fused kernel whose backward leaves dK without the softmax scale
+    from attnverify.zoo._multi import multi_attend
+
+    return multi_attend(q, k, v, spec, ("dk_missing_scale",))
+
+
+def test_a_property_judging_gradients_beside_other_things_says_a_backward_bug_needs_the_backward():
+    """outputs_fully_written checks the gradients too (the adapter claims backward): its failure whose output
+    matched and whose dK did not needs the backward, the same entry as gradients_match_reference's; its
+    failure on a forward bug does not."""
+    ofw = get_property("outputs_fully_written")
+    drawn = {"recipe": CaseRecipe(len_q=4, len_k=4, head_dim=16).to_dict()}
+    runner = make_runner("auto")
+    try:
+        res = runner(ofw, dk_unscaled, drawn)
+        assert not res.passed
+        a = attribute(ofw, dk_unscaled, drawn, runner, profile="dev", result=res)
+        assert "the backward" in a.needs, a.text()
+        g = attribute(G, dk_unscaled, drawn, runner, profile="dev")
+        assert g.signature() == a.signature(), (g.text(), a.text())
+        drawn2 = {"recipe": CaseRecipe(batch=2, len_q=4, len_k=32, head_dim=16).to_dict()}
+        res2 = runner(ofw, two_bugs, drawn2)
+        assert not res2.passed
+        b = attribute(ofw, two_bugs, drawn2, runner, profile="dev", result=res2)
+        assert b.needs == ["B >= 2"], b.text()
+    finally:
+        runner.close()
