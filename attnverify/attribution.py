@@ -14,9 +14,13 @@ a case the property judges) leaves the feature untested:
 Every neighbour is judged through the run's runner, i.e. in the forked judging child under crash
 isolation (attnverify.isolation): the driving process only edits recipes (plain data) and inspects CPU
 probes, as the strategies do; it never calls the adapter or builds a case on its device. A neighbour
-the property cannot take (it removes a feature the property always draws, e.g. causal for
-causal_alignment) is judged by forward_matches_reference (gradients_match_reference for a property
-judging gradients) and says so.
+the property cannot take (it removes a feature the property always draws) is judged by the property
+itself with a stand-in where one makes the case acceptable (STAND_INS: B -> 1 with twice the heads for
+batch_head_independence, which needs B >= 2 or Hkv >= 2); else by forward_matches_reference
+(gradients_match_reference for a property judging gradients): its pass means the feature is needed, its
+failure leaves the feature untested (it may be another bug: docs/reference.md#distinct-bugs). return_lse
+is needed only where the output is right: a property that sees the failure only through the LSE while
+forward_matches_reference fails on the output of the same case leaves it untested.
 
 `matches(needs, recipe)` is the filter the continued search uses (properties.driver): a case that has
 every case feature of a found bug's needs is that bug again. `signature(needs, describe)` names a
@@ -302,6 +306,56 @@ def _base_property(prop, adapter, backward: bool):
     return None if p is prop or p.skip_reason(adapter) else p
 
 
+# stand-ins: a neighbour the property does not judge because it removed a feature the property asks for
+# in one of several ways (batch_head_independence: B >= 2 or Hkv >= 2) is judged by the property itself
+# with another of those ways in its place; the stand-in of a feature never re-adds that feature
+STAND_INS = (
+    ("batch", lambda r: r.batch < 2, lambda r: _rep(r, batch=2), lambda r: "B=2"),
+    ("heads", lambda r: True, lambda r: _rep(r, heads_q=2 * r.heads_q, heads_kv=2 * r.heads_kv),
+     lambda r: f"Hq={r.heads_q} Hkv={r.heads_kv}"),
+)
+_SAME_FAMILY = {"batch": ("batch",), "heads": ("heads", "gqa")}
+
+
+def _stand_in(prop, adapter, r: CaseRecipe, nb: CaseRecipe, v: Verdict):
+    """(the neighbour with a stand-in feature, what stands in) that `prop` judges and the claims cover,
+    or None."""
+    f = FEATURES.get(v.feature)
+    for key, applies, edit, said in STAND_INS:
+        if v.feature in _SAME_FAMILY[key] or not applies(nb):
+            continue
+        alt = edit(nb)
+        if f is not None and f.present(alt, v.arg):
+            continue
+        if _claims_why(adapter, alt) is None and _fits(prop, adapter, alt) is None:
+            return alt, said(alt)
+    return None
+
+
+def _backward_only(result) -> bool:
+    """Whether a failing result compared the output fine and only gradients (dq, dk, dv) wrong."""
+    recs = list(getattr(result, "records", None) or [])
+    if not recs or any(r.get("error") or r.get("status") in ("error", "crashed", "timeout") for r in recs):
+        return False
+    comps = [c for r in recs for c in (r.get("comparisons") or [])]
+    bad = [c.get("name") for c in comps if not c.get("passed")]
+    return bool(bad) and set(bad) <= {"dq", "dk", "dv"} and any(c.get("name") == "out" and c.get("passed")
+                                                               for c in comps)
+
+
+def _output_wrong(prop, adapter, nb: CaseRecipe, runner, journal) -> bool:
+    """Whether forward_matches_reference fails on `nb` (the case without the LSE)."""
+    base = _base_property(prop, adapter, backward=False)
+    if base is None or _claims_why(adapter, nb) or _fits(base, adapter, nb):
+        return False
+    nd = {"recipe": nb.to_dict()}
+    res = runner(base, adapter, nd)
+    if journal is not None:
+        journal({"event": "neighbour", "property": prop.name, "judged_by": base.name, "feature": "lse",
+                 "drawn": nd, "status": res.status, "passed": res.passed})
+    return not res.passed and res.status != "skipped"
+
+
 def _is_backward(prop) -> bool:
     return bool(getattr(prop, "backward_cases", False)) or "backward" in tuple(getattr(prop, "needs", ()))
 
@@ -322,10 +376,13 @@ MAX_PASSES = 4
 
 
 def attribute(prop, adapter, drawn: Any, runner, *, profile: str = "dev", describe: str = "",
-              journal: Optional[Callable[[dict], None]] = None) -> Optional[Attribution]:
+              journal: Optional[Callable[[dict], None]] = None, result: Any = None) -> Optional[Attribution]:
     """Judge the single-feature neighbours of a shrunk failing example through `runner`; None when the
     example holds no recipe (nothing to vary). A neighbour that is simpler and still fails becomes the
-    case (`Attribution.reduced`: (drawn, ExampleResult)), and its neighbours are judged in turn."""
+    case (`Attribution.reduced`: (drawn, ExampleResult)), and its neighbours are judged in turn.
+    `result` (the example's ExampleResult): for a property that judges gradients beside other things
+    (outputs_fully_written), a failing call whose output matched and whose gradients did not needs the
+    backward."""
     import time
 
     recipe = drawn.get("recipe") if isinstance(drawn, dict) else None
@@ -341,6 +398,10 @@ def attribute(prop, adapter, drawn: Any, runner, *, profile: str = "dev", descri
         if step is None:  # nothing simpler fails: the verdicts are all about r
             break
         r, reduced = step[0], step
+    last = reduced[1] if reduced is not None else result
+    if not _is_backward(prop) and _backward_only(last):
+        verdicts.append(Verdict("backward", "needed", "the backward", "the forward alone (the failing call's "
+                                "output matched; only its gradients did not)", judged_by=prop.name, status="failed"))
     out = Attribution(verdicts=verdicts, describe=describe)
     if reduced is not None:
         out.reduced = ({"recipe": r.to_dict(), **params}, reduced[1])
@@ -380,10 +441,16 @@ def _judge_all(prop, adapter, r: CaseRecipe, params: dict, runner, ctx: dict, jo
             continue
         claims_why = _claims_why(adapter, nb)
         why = claims_why or _fits(judge, adapter, nb)
-        if why and judge is prop and not claims_why:
-            base = _base_property(prop, adapter, _is_backward(prop))  # the property requires the feature
-            if base is not None and _fits(base, adapter, nb) is None:
-                judge, why = base, None
+        stood_in = False
+        if why and judge is prop and not claims_why:  # the property requires the feature
+            alt = _stand_in(prop, adapter, r, nb, v)
+            if alt is not None:  # the property judges it itself, another feature in its place
+                nb, stood_in, why = alt[0], True, None
+                v.holds = f"{v.holds} ({alt[1]} in its place)"
+            else:
+                base = _base_property(prop, adapter, _is_backward(prop))
+                if base is not None and _fits(base, adapter, nb) is None:
+                    judge, why = base, None
         if why:
             v.why = why
             continue
@@ -396,8 +463,18 @@ def _judge_all(prop, adapter, r: CaseRecipe, params: dict, runner, ctx: dict, jo
         if res.status == "skipped":
             v.why = (res.message or "skipped").splitlines()[0]
             continue
+        if not res.passed and judge is not prop and v.feature != "backward":
+            # the property always draws the feature and no stand-in fits: the base property failing
+            # without it may be another bug, so this says nothing about the property's failure
+            v.why = f"{prop.name} always draws it; {judge.name} fails without it too: maybe another bug"
+            continue
+        if res.passed and judge is prop and v.feature == "lse" and _output_wrong(prop, adapter, nb, runner, journal):
+            # the property sees it only through the LSE, but the output is wrong there too: the LSE is how
+            # this property sees the bug, not what the bug needs
+            v.why = f"{prop.name} sees it only through the LSE; forward_matches_reference fails on the output too"
+            continue
         v.verdict = "needed" if res.passed else "not needed"
-        if reduce and not res.passed and judge is prop and (
+        if reduce and not res.passed and judge is prop and not stood_in and (
                 v.feature in REDUCING or (v.feature == "head_dim" and nb.head_dim < r.head_dim)):
             r = nb
             step = (nb, res)

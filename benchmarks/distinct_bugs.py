@@ -1,7 +1,7 @@
 """Distinct bugs (issue 21): per multi-bug zoo member, bugs planted / found and wall time under dev; and
 the cost of the continued search on a correct adapter (max_bugs 1 vs 3: it only runs after a failure).
 
-    TRITON_INTERPRET=1 python benchmarks/distinct_bugs.py [--max-examples 40] [--members]
+    TRITON_INTERPRET=1 python benchmarks/distinct_bugs.py [--max-examples 40] [--members] [--only-members]
 """
 from __future__ import annotations
 
@@ -35,12 +35,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-examples", type=int, default=40)
     ap.add_argument("--members", action="store_true", help="also the multi-bug members (minutes)")
+    ap.add_argument("--only-members", action="store_true", help="the multi-bug members, not the correct adapter")
     a = ap.parse_args()
-    for name, k, n, s in correct_cost(a.max_examples):
+    for name, k, n, s in ([] if a.only_members else correct_cost(a.max_examples)):
         print(f"correct naive  {name:28s} max_bugs={k}  {n} examples  {s:6.2f} s")
-    if a.members:
+    if a.members or a.only_members:
         from attnverify.zoo import ZOO
-        from attnverify.zoo.bugcount import count_bugs
+        from attnverify.zoo.bugcount import count_bugs, row_text
 
         for m in [m for m in ZOO if m.planted]:
             c = count_bugs(m, profile="dev", max_examples=a.max_examples, shrink_budget_s=15,
@@ -48,6 +49,7 @@ def main():
             hit = sum(1 for v in c.matched.values() if v)
             print(f"{m.name:24s} planted {len(c.planted)} found {hit} as own entries ({len(c.found)} distinct in all)"
                   f"  {c.examples} examples  {c.seconds:.1f} s")
+            print(row_text(c).split("\n", 1)[-1])  # each planted bug's entry, its needs, the extra entries
 
 
 if __name__ == "__main__":

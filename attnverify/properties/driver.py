@@ -264,7 +264,7 @@ def _bug(prop, adapter, drawn, res, state, runner, profile, journal, report_dir,
     desc = (res.case or {}).get("describe") or _describe(drawn)
     attr = None
     try:
-        attr = attribute(prop, adapter, drawn, runner, profile=profile, describe=desc, journal=journal)
+        attr = attribute(prop, adapter, drawn, runner, profile=profile, describe=desc, journal=journal, result=res)
     except Exception as e:  # noqa: BLE001 - the failure matters more than its attribution
         attr_err = f"attribution failed: {type(e).__name__}: {e}"
     else:

@@ -15,7 +15,7 @@ found (the attribution and the continued search of attnverify.attribution / prop
   needs the backward (and a row that the causal mask cuts);
 - backward `dk_missing_scale`: dK without the softmax scale; needs the backward.
 
-`PlantedBug.needs` is the attribution each bug must get (the labels of attnverify.attribution).
+`PlantedBug.needs` is the attribution each bug must get, exactly (the labels of attnverify.attribution).
 """
 from __future__ import annotations
 
@@ -129,7 +129,8 @@ def multi_members(Z, flash: dict):
     rows = PlantedBug("batch_rows", "batch b > 0 written at batch b - 1's rows", ("B >= 2",))
     caus = PlantedBug("always_causal", "the backward applies the causal mask although the forward had none",
                       ("the backward",))
-    gqa = PlantedBug("gqa_interleaved", "query head h reads KV head h % Hkv", ("Hkv < Hq (GQA)",))
+    # one head (the heads neighbour, Hq = Hkv = 1) is not GQA either: the GQA bug needs both
+    gqa = PlantedBug("gqa_interleaved", "query head h reads KV head h % Hkv", ("Hq >= 2", "Hkv < Hq (GQA)"))
     scale = PlantedBug("scale_ignored", "a custom softmax scale is ignored", ("a custom scale",))
     tl = PlantedBug("causal_top_left", "bottom-right causal masked top-left", ("causal=bottom_right", "Lq != Lk"))
     dk = PlantedBug("dk_missing_scale", "dK without the softmax scale", ("the backward",))
