@@ -17,7 +17,8 @@ kernel is about as accurate as it. The u-terms are floors, so a baseline error o
 all-equal row, a tiny case) can never fail a correct kernel.
 
 Per-case rule (issue 20; `check` opts in by passing `rounding_rel_l2`): for half inputs the constant
-u-floor of out, dQ, dK, dV is replaced by a floor that follows the case,
+u-floor of out is replaced by a floor that follows the case (dQ, dK, dV keep their constant floor and follow
+the case only upwards: see GRADIENTS),
 
   norm-wise     rel_L2(x, ref)  <=  max(PER_CASE_FACTOR[o] * rel_L2(baseline, ref),
                                         ROUNDING_FACTOR[o] * rounding_rel_l2  +  NORM_U[o] * SCORE_U * u_acc * S)
@@ -84,6 +85,14 @@ ROUNDING_FACTOR = {"out": 2.25, "lse": 3.0, "dq": 8.0, "dk": 8.0, "dv": 8.0}
 # dQ reached 1.40x and sdpa-flash's 1.01x a bound of 4 (tiny cases: Lq = 1-2, D = 72-256), i.e. 5.6x.
 PER_CASE_FACTOR = {"out": 1.5, "lse": 2.0, "dq": 8.0, "dk": 8.0, "dv": 8.0}
 PER_CASE_DTYPES = ("float16", "bfloat16")
+# Gradients keep the constant floor (NORM_U u_S) under the per-case rule, which can only widen their bound:
+# the bundled Triton backward (a correct FlashAttention-2 kernel, interpreter) erred 1.13x the per-case dQ bound
+# on `B=2 Hq=2 Lq=1 Lk=2 D=96 fp16 causal=bottom_right q_std=k_std=6` (CPU calibration, 2026-12-04, 1 of 2,000
+# Triton cases; 0.99 u, rel L2): with one query, two keys and a near one-hot softmax, dQ is a cancellation of two
+# rounded terms, and neither the baseline's realised error nor the rounding of dQ itself says what a kernel that
+# rounds elsewhere may err. Under the constant rule correct backward kernels reached 0.86 of it (sdpa-efficient
+# dQ, H200, 21,273 cases of 2026-12-03).
+GRADIENTS = ("dq", "dk", "dv")
 
 # Accumulation is float32 even for half inputs; float32 inputs get a float32 LSE; an LSE is
 # never more precise than float32 (SPEC: LSE is float32).
@@ -212,6 +221,8 @@ def tolerance_for(
     if per_case_applies(output, dtype, baseline_rel_l2, rounding_rel_l2) and math.isfinite(u):
         if output == "lse":  # float32 by SPEC: the float32 floor, whatever the input dtype
             norm = NORM_U[output] * FLOOR_SCALE["float32"] * UNIT_ROUNDOFF["float32"] + NORM_U[output] * score
+        elif output in GRADIENTS:  # never below the constant floor: see GRADIENTS
+            norm = max(norm, ROUNDING_FACTOR[output] * float(rounding_rel_l2) + NORM_U[output] * score)
         else:
             norm = ROUNDING_FACTOR[output] * float(rounding_rel_l2) + NORM_U[output] * score
         norm = max(norm, PER_CASE_FACTOR[output] * float(baseline_rel_l2))

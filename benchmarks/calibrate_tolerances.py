@@ -10,6 +10,7 @@ correct implementation is a false positive). docs/tolerances.md holds the result
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -28,30 +29,22 @@ SEQ = [1, 2, 5, 15, 16, 17, 31, 33, 63, 64, 65, 97, 127, 128, 129, 192, 255, 257
 HEAD = [16, 32, 40, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256]
 
 
-def random_recipe(rng: random.Random, adapter, dtype: str, device: str, big: bool) -> av.CaseRecipe:
+def random_recipe(rng: random.Random, adapter, dtype: str, device: str, big: bool,
+                  max_len: int = 0, max_head_dim: int = 0) -> av.CaseRecipe:
     c = adapter.claims
     seq = SEQ + ([384, 511, 512, 1023, 1024, 2048] if big else [])
+    seq = [s for s in seq if not max_len or s <= max_len]
     for _ in range(200):
         hkv = rng.choice([1, 2])
         g = rng.choice([1, 1, 2, 4]) if c.gqa else 1
-        dims = [d for d in HEAD if c.head_dim_ok(d)]
+        dims = [d for d in HEAD if c.head_dim_ok(d) and (not max_head_dim or d <= max_head_dim)]
         d = rng.choice(dims)
         dv = rng.choice([d, d, rng.choice(dims)]) if c.dv_ne_d else d
         r = av.CaseRecipe(
             batch=rng.choice([1, 2]), heads_q=hkv * g, heads_kv=hkv, len_q=rng.choice(seq), len_k=rng.choice(seq),
             head_dim=d, head_dim_v=dv, dtype=dtype, device=device, seed=rng.randrange(2**31),
         )
-        kind = rng.random()
-        if kind < 0.15:  # extreme logits: std of the scores around 10 or more
-            r.q_std = r.k_std = rng.choice([3.0, 4.0, 6.0])
-        elif kind < 0.25:
-            r.row_shift = rng.choice([-1000.0, 1000.0])
-        elif kind < 0.35 and r.len_k > 16:
-            r.late_from, r.late_boost = rng.randrange(r.len_k // 2, r.len_k), rng.choice([4.0, 8.0])
-        elif kind < 0.40:
-            r.equal_scores = True
-        elif kind < 0.45:
-            r.v_mean = rng.choice([-30.0, 5.0, 100.0])
+        _draw_values(rng, r)
         if rng.random() < 0.3:
             r.scale = rng.choice([0.05, 0.3, 1.0, 2.0])
         modes = list(c.causal)
@@ -76,14 +69,51 @@ def random_recipe(rng: random.Random, adapter, dtype: str, device: str, big: boo
     raise RuntimeError(f"could not draw a claimed case for {adapter.name} {dtype}")
 
 
+_VALUE_FIELDS = ("q_std", "k_std", "row_shift", "late_from", "late_boost", "equal_scores", "v_mean")
+
+
+def _draw_values(rng: random.Random, r: av.CaseRecipe) -> None:
+    """The case's values, not its shape: adversarial magnitudes (drawn afresh per case in --shape-pool mode)."""
+    kind = rng.random()
+    if kind < 0.15:  # extreme logits: std of the scores around 10 or more
+        r.q_std = r.k_std = rng.choice([3.0, 4.0, 6.0])
+    elif kind < 0.25:
+        r.row_shift = rng.choice([-1000.0, 1000.0])
+    elif kind < 0.35 and r.len_k > 16:
+        r.late_from, r.late_boost = rng.randrange(r.len_k // 2, r.len_k), rng.choice([4.0, 8.0])
+    elif kind < 0.40:
+        r.equal_scores = True
+    elif kind < 0.45:
+        r.v_mean = rng.choice([-30.0, 5.0, 100.0])
+
+
+def pooled_recipe(rng: random.Random, adapter, pool: list) -> av.CaseRecipe:
+    """--shape-pool: one of the pool's recipes (shape, features, mask kind, scale: what a compiled kernel
+    specialises on) with a fresh seed and fresh adversarial values, so compiled kernels are reused while
+    the data of every case is new."""
+    defaults = av.CaseRecipe()
+    for _ in range(200):
+        r = dataclasses.replace(rng.choice(pool), seed=rng.randrange(2**31))
+        for f in _VALUE_FIELDS:
+            setattr(r, f, getattr(defaults, f))
+        _draw_values(rng, r)
+        case = av.build_case(r)
+        c = adapter.claims
+        if unclaimed(adapter, case) is None and (c.fully_masked != "unsupported" or not _has_fully_masked(case)):
+            return r
+    raise RuntimeError(f"could not draw a claimed case for {adapter.name} from the shape pool")
+
+
 def _has_fully_masked(case) -> bool:
     from attnverify.reference import reference_forward
 
     return bool(torch.isneginf(reference_forward(case.q, case.k, case.v, case.spec).lse).any())
 
 
-def _dump(args, stats, fails, t0):
+def _dump(args, stats, fails, t0, worst=None):
     summary = {}
+    values = {key: {m: [float(f"{x:.4g}") for x in xs] for m, xs in d.items() if not m.startswith("status_")}
+              for key, d in stats.items()}
     for key, d in stats.items():
         summary[key] = {}
         for metric, xs in d.items():
@@ -98,7 +128,8 @@ def _dump(args, stats, fails, t0):
            ("cuda" if torch.cuda.is_available() else "cpu"),
            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
            "n_per_combo": args.n, "forward_only": bool(getattr(args, "forward_only", False)), "summary": summary,
-           "failures": fails, "seconds": time.time() - t0}
+           "seed": args.seed, "shape_pool": args.shape_pool, "max_len": args.max_len, "max_head_dim": args.max_head_dim, "worst": worst,
+           "failures": fails, "seconds": time.time() - t0, "values": values}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
@@ -115,12 +146,20 @@ def main(argv=None):
     ap.add_argument("--big", action="store_true", help="also draw lengths up to 2048")
     ap.add_argument("--json", default=None)
     ap.add_argument("--forward-only", action="store_true", help="compare out and LSE only (no backward): more cases per second")
+    ap.add_argument("--max-len", type=int, default=0,
+                    help="draw only sequence lengths up to this (the Triton interpreter's cost grows with Lq x Lk)")
+    ap.add_argument("--shape-pool", type=int, default=0,
+                    help="draw this many shapes (with features, mask kind, scale) per adapter and dtype and give every "
+                         "case one of them with fresh data: compiled kernels (Triton, flex, jax on a GPU) are reused")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (several runs sharing a machine: 1)")
+    ap.add_argument("--max-head-dim", type=int, default=0, help="draw only head dims up to this")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop drawing after this many seconds and record the cases done (a killed run records none)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(2)  # several calibrations share a machine; oversubscription costs 10x
+    torch.set_num_threads(args.threads)  # several calibrations share a machine; oversubscription costs 10x
     stats = defaultdict(lambda: defaultdict(list))
     fails = []
+    worst = {}  # adapter/dtype -> the case with the largest error / bound (any output, norm- or element-wise)
     t0 = time.time()
     for name in args.adapters.split(","):
         a = registry.get(name)
@@ -134,11 +173,14 @@ def main(argv=None):
                 continue
             rng = random.Random(f"{args.seed}-{name}-{dt}")
             u = {o: unit_roundoff(dt, o) for o in ("out", "lse", "dq", "dk", "dv")}
+            pool = [random_recipe(rng, a, dt, dev, args.big, args.max_len, args.max_head_dim)
+                    for _ in range(args.shape_pool)]
             for i in range(args.n):
                 if args.budget_s and time.time() - t0 > args.budget_s:
                     print(f"{name}/{dt}: budget spent after {i} cases", file=sys.stderr)
                     break
-                rec = random_recipe(rng, a, dt, dev, args.big)
+                rec = (pooled_recipe(rng, a, pool) if pool else
+                       random_recipe(rng, a, dt, dev, args.big, args.max_len, args.max_head_dim))
                 res = av.check(a, av.build_case(rec), keep_tensors=False, backward=False if args.forward_only else None)
                 key = f"{name}/{dt}"
                 stats[key]["status_" + res.status].append(1)
@@ -152,14 +194,17 @@ def main(argv=None):
                     if c.allowed_at_worst:
                         stats[key][c.name + "_norm_vs_bound"].append(c.rel_l2 / c.tol_norm)
                         stats[key][c.name + "_elem_vs_bound"].append(c.max_abs / c.allowed_at_worst)
-                if i % 50 == 49:
-                    _dump(args, stats, fails, t0)
-            _dump(args, stats, fails, t0)
+                        r = max(c.rel_l2 / c.tol_norm, c.max_abs / c.allowed_at_worst)
+                        if r > worst.get(key, {}).get("ratio", -1.0):
+                            worst[key] = {"ratio": r, "output": c.name, "case": res.case.describe()}
+                if i % 10 == 9:
+                    _dump(args, stats, fails, t0, worst)
+            _dump(args, stats, fails, t0, worst)
             st_ = stats[f"{name}/{dt}"]
             n_cases = sum(len(v) for k, v in st_.items() if k.startswith("status_"))
             print(f"{name}/{dt}: {n_cases} cases, {len(st_['status_passed'])} passed ({time.time() - t0:.0f}s)",
                   file=sys.stderr)
-    out = _dump(args, stats, fails, t0)
+    out = _dump(args, stats, fails, t0, worst)
     summary = out["summary"]
     for key, d in summary.items():
         print(key, {m: (v if isinstance(v, int) else f"med {v['median']:.2f} max {v['max']:.2f}") for m, v in sorted(d.items())})

@@ -5,14 +5,20 @@
 # in parallel, each stopped by its time budget T; plus the wrong-answer rejection tests on cuda.
 #   bash benchmarks/gpu_calibration.sh [RESULTS_DIR]          (default /tmp/gpucal; T=300 N=1000 SEED=0)
 # Writes RESULTS_DIR/cal_<adapter>_<dtype>.json (+ .log), RESULTS_DIR/gpu_calibration.json (every run's
-# summary and failures, the input of the doc table) and RESULTS_DIR/table.md (benchmarks/tolerance_tables.py).
+# summary and failures, the input of the doc table) and RESULTS_DIR/table.md (benchmarks/tolerance_tables.py);
+# with $OUT set, copies gpu_calibration.json, table.md and logs.tgz (every .log) there (3 files).
+# POOL=K (default 0: off) gives the adapters that compile per shape (POOL_ADAPTERS, default triton flex jax
+# flash-attn4) K shapes each (--shape-pool: shape, features, mask kind and scale drawn once per adapter x dtype,
+# every case one of them with a fresh seed and fresh adversarial values), so that compiles do not eat T:
+#   T=200 N=1200 POOL=8 ADAPTERS="triton flex jax" bash benchmarks/gpu_calibration.sh /tmp/gpucal
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 R=${1:-/tmp/gpucal}; N=${N:-1000}; T=${T:-300}; mkdir -p "$R"
 ADAPTERS=${ADAPTERS:-naive sdpa-math sdpa-flash sdpa-efficient sdpa-cudnn sdpa triton flex jax flash-attn4}
 for a in $ADAPTERS; do
+  pool=0; case " ${POOL_ADAPTERS:-triton flex jax flash-attn4} " in *" $a "*) pool=${POOL:-0};; esac
   for dt in ${DTYPES:-float16 bfloat16 float32}; do
     timeout $(( T + 60 )) python3 benchmarks/calibrate_tolerances.py --adapters "$a" --dtypes "$dt" --n "$N" --seed "${SEED:-0}" \
-      --budget-s "$T" --json "$R/cal_${a}_$dt.json" > "$R/cal_${a}_$dt.log" 2>&1 &
+      --shape-pool "$pool" --budget-s "$T" --json "$R/cal_${a}_$dt.json" > "$R/cal_${a}_$dt.log" 2>&1 &
   done
 done
 (python3 -m pytest --version >/dev/null 2>&1 && timeout $(( T + 60 )) python3 -m pytest -q -p no:cacheprovider \
@@ -32,3 +38,6 @@ print(f"{len(runs)} runs -> {r}/gpu_calibration.json")
 PY
 python3 benchmarks/tolerance_tables.py "$R"/cal_*.json > "$R/table.md" 2>/dev/null || true
 grep -h "cases\|false\|unavailable" "$R"/cal_*.log; tail -n 3 "$R/wrong_cuda.log"
+if [ -n "${OUT:-}" ]; then
+  cp "$R/gpu_calibration.json" "$R/table.md" "$OUT"/ && tar czf "$OUT/logs.tgz" -C "$R" $(cd "$R" && ls *.log)
+fi

@@ -16,7 +16,7 @@ import torch
 
 import attnverify as av
 from attnverify.zoo import get_member
-from attnverify.zoo._precision import PRECISION_MEMBERS
+from attnverify.zoo._precision import PRECISION_MEMBERS, UNCLAIMED_BACKWARD_MEMBERS
 
 CASES = {
     "corpus long-keys 64x256 D64 fp16": dict(len_q=64, len_k=256, head_dim=64, dtype="float16"),
@@ -38,10 +38,14 @@ def main(argv=None):
     from attnverify.zoo._precision import precision_attention
 
     ok = adapter("zoo-precision-control", register=False, **FLASH)(lambda q, k, v, s: precision_attention(q, k, v, s, None))
+    # the backward bugs whose members are not claimed (UNCLAIMED_BACKWARD_MEMBERS): their engine, judged the same way
+    unclaimed = {n: adapter(f"zoo-{n}-unclaimed", register=False, **FLASH)(
+        lambda q, k, v, s, bug=n.replace("flash-bwd-", "").replace("-", "_"): precision_attention(q, k, v, s, bug))
+        for n in UNCLAIMED_BACKWARD_MEMBERS}
     rows = {}
     t0 = time.time()
-    for name in ("control",) + PRECISION_MEMBERS:
-        a = ok if name == "control" else get_member(name).adapter
+    for name in ("control",) + PRECISION_MEMBERS + UNCLAIMED_BACKWARD_MEMBERS:
+        a = ok if name == "control" else unclaimed[name] if name in unclaimed else get_member(name).adapter
         rows[name] = {}
         for label, kw in CASES.items():
             if kw["dtype"] not in a.claims.dtypes:

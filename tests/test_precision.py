@@ -38,6 +38,13 @@ def test_per_case_rule_follows_the_case_and_keeps_the_constant_floor_where_the_b
         assert tolerance_for("out", "float16", **kw).norm >= 1.5 * u16
     assert tolerance_for("out", "float32", baseline_rel_l2=1e-9, rounding_rel_l2=1e-9).norm == pytest.approx(
         tolerance_for("out", "float32").norm)
+    # gradients keep the constant floor (a 2-key dQ is a cancellation the baseline cannot speak for) and follow
+    # the case only upwards
+    for o in ("dq", "dk", "dv"):
+        const = tolerance_for(o, "float16").norm
+        assert tolerance_for(o, "float16", baseline_rel_l2=1e-6, rounding_rel_l2=1e-6).norm == pytest.approx(const)
+        big = tolerance_for(o, "float16", baseline_rel_l2=1e-2, rounding_rel_l2=1e-6).norm
+        assert big == pytest.approx(PER_CASE_FACTOR[o] * 1e-2) and big > const
     # the LSE is float32 whatever the input dtype: the float32 floor, not fp16's
     lse = tolerance_for("lse", "float16", baseline_rel_l2=1e-8, rounding_rel_l2=1e-8)
     assert lse.norm < 1e-5 < tolerance_for("lse", "float16").norm
