@@ -15,6 +15,7 @@ from .adapters.base import Adapter
 from .callable_module import make_callable
 from .case import Case
 from .compare import Comparison, compare, error_stats
+from .fp8 import descaled, is_fp8
 from .reference import reference_backward, reference_forward
 from .spec import Output, Spec
 from .tolerances import SCORE_U, UNIT_ROUNDOFF, expected_rounding, tolerance_for
@@ -171,6 +172,9 @@ def check(
     t0 = time.perf_counter()
     spec = case.spec
     notes: List[str] = []
+    if do_bwd and is_fp8(case.dtype):  # docs/adapters.md: fp8 calls are forward only
+        do_bwd = False
+        notes.append(f"{case.dtype} inputs: forward only (fp8 calls have no backward in the contract)")
     q, k, v = (_leaf(t, do_bwd) for t in (case.q, case.k, case.v))
     before = [t.detach().clone() for t in (q, k, v)]
     try:
@@ -309,7 +313,8 @@ def magnitudes(case: Case) -> dict:
 
     dQ and dK are sums of P * (dP - delta) terms that cancel: their rounding is set by the size of
     the terms (scale * |dO| |V| sqrt(Dv) |K|), not by the (possibly zero) result."""
-    q, k, v = case.q.detach().double(), case.k.detach().double(), case.v.detach().double()
+    q, k, v, _ = descaled(case.q.detach(), case.k.detach(), case.v.detach(), case.spec)  # float64, descales applied
+
     def fin(t):
         return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
 
