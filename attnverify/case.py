@@ -101,6 +101,7 @@ class CaseRecipe:
     dominant_gap: float = 0.0
     # learnable sinks (Spec.sinks) from their description {"kind", "level", "seed"} (attnverify/sink_logits.py)
     sinks: Optional[Dict[str, Any]] = None
+    attention_chunk: Optional[int] = None  # chunked local attention (Spec.attention_chunk)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -409,7 +410,9 @@ def build_case(r: CaseRecipe, *, label: str = "") -> Case:
     # laid out on the target device: moving a strided view copies it into contiguous memory
     q, k, v = (_layout(t.to(dt).to(dev), r.layout, i) for i, t in enumerate((q, k, v)))
     if mask is not None:
-        mask = mask.to(dev) if mask.dtype == torch.bool else mask.to(dev, torch.float32 if dt == torch.float64 else dt).to(dt)
+        # a float mask in the input dtype (fp8: float32, the dtype its scores are formed in)
+        mdt = torch.float32 if dt == torch.float64 or r.dtype.startswith("float8") else dt
+        mask = mask.to(dev) if mask.dtype == torch.bool else mask.to(dev, mdt).to(torch.float32 if mdt != dt else dt)
     spec = Spec(
         scale=r.scale, causal=r.causal, window=r.window, softcap=r.softcap,
         alibi_slopes=None if slopes is None else slopes.to(dev), attn_mask=mask,
@@ -417,7 +420,7 @@ def build_case(r: CaseRecipe, *, label: str = "") -> Case:
         cu_seqlens_q=None if cu_q is None else cu_q.to(dev), cu_seqlens_k=None if cu_k is None else cu_k.to(dev),
         max_seqlen_q=max_q, max_seqlen_k=max_k, return_lse=r.return_lse, num_splits=r.num_splits,
         **{n: t.to(dev) for n, t in descales.items()},
-        sinks=None if r.sinks is None else make_sinks(hq, r.sinks, dev),
+        sinks=None if r.sinks is None else make_sinks(hq, r.sinks, dev), attention_chunk=r.attention_chunk,
     )
     return Case(q, k, v, spec, seed=int(r.seed), recipe=r, label=label)
 

@@ -156,11 +156,20 @@ class DescaleLinearity(Fp8Property):
         d = getattr(case.spec, d_name)
         if d is None:
             d = torch.ones(case.q.shape[0], case.k.shape[1], dtype=torch.float32, device=x.device)
-        scaled64 = x.double() * f
-        x2 = quantize(scaled64, None, case.dtype)
+        # a power of two under which the input stays exact (no overflow past the fp8 max, no bits lost below its
+        # normal range), the drawn factor first; none: the drawn factor, judged against the reference
+        for f_try in (f, 1 / f, 2.0, 0.5, 4.0, 0.25) if math.log2(f).is_integer() else (f,):
+            scaled64 = x.double() * f_try
+            x2 = quantize(scaled64, None, case.dtype)
+            d2 = (d.double() / f_try).to(torch.float32)
+            exact = bool((x2.double() == scaled64).all()) and bool((d2.double() * f_try == d.double()).all())
+            if exact:
+                f = f_try
+                break
+        if not exact:
+            scaled64 = x.double() * f
+            x2, d2 = quantize(scaled64, None, case.dtype), (d.double() / f).to(torch.float32)
         x2 = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x2)
-        d2 = (d.double() / f).to(torch.float32)
-        exact = bool((x2.double() == scaled64).all()) and bool((d2.double() * f == d.double()).all())
         spec2 = case.spec.replace(**{d_name: d2})
         tensors = {"q": case.q, "k": case.k, "v": case.v, name: x2}
         scaled = dataclasses.replace(case, q=tensors["q"], k=tensors["k"], v=tensors["v"], spec=spec2)

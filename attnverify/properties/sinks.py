@@ -42,12 +42,23 @@ def with_spec(case: Case, **changes) -> Case:
                 label=case.label)
 
 
+def with_chunk(case: Case, chunk: int) -> Case:
+    """The case with attention_chunk = chunk, in its spec and in its recipe (a saved case replays with it)."""
+    out = with_spec(case, attention_chunk=chunk)
+    if case.recipe is not None and case.recipe.cache_lens is None:
+        out.recipe = dataclasses.replace(case.recipe, attention_chunk=chunk)
+    return out
+
+
 def with_sinks(case: Case, params: dict) -> Case:
     """The case with the drawn sinks, in its spec and in its recipe (so the saved case replays with them)."""
     out = with_spec(case, sinks=make_sinks(case.q.shape[1], params["sinks"], case.q.device))
     if case.recipe is not None and case.recipe.cache_lens is None:
         out.recipe = dataclasses.replace(case.recipe, sinks=dict(params["sinks"]))
     return out
+
+
+CHUNKS = (1, 2, 3, 4, 7, 8, 16, 64)
 
 
 class SinkProperty(CaseProperty):
@@ -91,10 +102,19 @@ def sink_gradient(adapter, case: Case) -> Optional[dict]:
 class SinksMatchReference(SinkProperty):
     name = "sinks_match_reference"
     doc = ("With per-head sinks (the gpt-oss denominator, docs/adapters.md), the output, LSE and dQ/dK/dV match the "
-           "float64 reference, and with backward the sink's gradient matches the reference's dsinks.")
+           "float64 reference, and with backward the sink's gradient matches the reference's dsinks; chunked local "
+           "attention is drawn with the sinks where claimed.")
     case_kwargs = dict(dropout=False, poison=False)
 
+    def params(self, adapter):
+        if not adapter.claims.attention_chunk:
+            return sink_params()
+        chunks = st.one_of(st.none(), st.sampled_from(CHUNKS))
+        return st.tuples(sink_params(), chunks).map(lambda t: {**t[0], "attention_chunk": t[1]})
+
     def judge(self, adapter, case, params):
+        if params.get("attention_chunk"):
+            case = with_chunk(case, int(params["attention_chunk"]))
         case = with_sinks(case, params)
         res = _result_from_check(check(adapter, case, backward=adapter.claims.backward), case)
         if not res.passed or not adapter.claims.backward:
@@ -238,13 +258,13 @@ class ChunkedMatchesReference(CaseProperty):
     case_kwargs = dict(dropout=False, poison=False)
 
     def params(self, adapter):
-        return st.fixed_dictionaries({"attention_chunk": st.sampled_from([1, 2, 3, 4, 7, 8, 16, 64])})
+        return st.fixed_dictionaries({"attention_chunk": st.sampled_from(CHUNKS)})
 
     def default_params(self):
         return {"attention_chunk": 4}
 
     def judge(self, adapter, case, params):
-        case = with_spec(case, attention_chunk=int(params["attention_chunk"]))
+        case = with_chunk(case, int(params["attention_chunk"]))
         return _result_from_check(check(adapter, case, backward=adapter.claims.backward), case)
 
 

@@ -14,8 +14,10 @@ from ..spec import Output
 # bottom-right, GQA, LSE; no masks, varlen, sinks or backward (fp8 calls are forward only).
 FP8 = dict(
     dtypes=("float8_e4m3fn",), devices=("cpu",), head_dims=(64, 128, 256), max_seqlen=4096,
-    causal=("none", "bottom_right"), gqa=True, lse=True, fully_masked="zeros", descales=True,
+    causal=("none", "bottom_right"), gqa=True, lse=True, fully_masked="zeros", descales=True, sinks=True,
 )
+# FA3's fp8 forward tile over keys: P is rounded relative to the running max of the tiles seen so far
+BLOCK_N = 128
 FP8_BUGS = ("descale_dropped", "descale_twice", "v_descale_on_p", "p_cast_before_max")
 
 
@@ -26,8 +28,10 @@ def _factor(d, heads, like):
     return d.repeat_interleave(heads // d.shape[1], dim=1)[:, :, None, None]
 
 
-def fp8_attend(q, k, v, spec, bug=None):
-    """The fp8 forward; `bug` one of FP8_BUGS or None (correct)."""
+def fp8_attend(q, k, v, spec, bug=None, *, tiled: bool = False):
+    """The fp8 forward; `bug` one of FP8_BUGS or None (correct); `tiled` (correct only): FA3's online softmax over
+    key tiles of BLOCK_N, P rounded to fp8 relative to the running max (benchmarks/calibrate_tolerances.py
+    calibrates the fp8 tolerance on it)."""
     if bug is not None and bug not in FP8_BUGS:
         raise ValueError(f"fp8_attend(bug={bug!r}): use one of {FP8_BUGS} or None")
     if not str(q.dtype).startswith("torch.float8"):
@@ -46,9 +50,16 @@ def fp8_attend(q, k, v, spec, bug=None):
     vis = visibility.positional_visibility(lq, lk, spec.causal, spec.window, q.device)
     if vis is not None:
         s = s.masked_fill(~vis, float("-inf"))
-    dead = torch.isneginf(s).all(dim=-1, keepdim=True)
-    lse = torch.logsumexp(torch.where(dead, torch.zeros_like(s), s), dim=-1, keepdim=True)
+    sink = None
+    if spec.sinks is not None:  # FA3's learnable_sink: joins the denominator, not the max
+        sink = spec.sinks.to(device=q.device, dtype=torch.float32)[None, :, None, None].expand(b, hq, lq, 1)
+    if bug is None and tiled:
+        return _online(s, vv, vd, sink, q.dtype, spec.return_lse)
+    full = s if sink is None else torch.cat([s, sink], dim=-1)
+    dead = torch.isneginf(full).all(dim=-1, keepdim=True)
+    lse = torch.logsumexp(torch.where(dead, torch.zeros_like(full), full), dim=-1, keepdim=True)
     lse = torch.where(dead, torch.full_like(lse, float("-inf")), lse)
+    dead = torch.isneginf(s).all(dim=-1, keepdim=True)
     m = s.amax(dim=-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     fp8 = q.dtype
@@ -64,6 +75,45 @@ def fp8_attend(q, k, v, spec, bug=None):
         out = torch.matmul(p8, vv) * torch.where(torch.isfinite(lse), torch.exp(m - lse), torch.zeros_like(lse)) * vd
     out = torch.where(dead, torch.zeros_like(out), out)
     return Output(out.to(torch.bfloat16), lse=lse.squeeze(-1) if spec.return_lse else None)
+
+
+def _online(s, vv, vd, sink, fp8, return_lse):
+    """FA3's forward loop over key tiles: running max m, running sum l (float32, from unrounded P), accumulator
+    acc += fp8(exp(s - m)) @ V rescaled by exp(m_old - m); the sink joins l at the end; out = acc / l * v_descale."""
+    shape = s.shape[:-1] + (1,)
+    m = torch.full(shape, float("-inf"), dtype=torch.float32, device=s.device)
+    l = torch.zeros(shape, dtype=torch.float32, device=s.device)
+    acc = torch.zeros(*s.shape[:-1], vv.shape[-1], dtype=torch.float32, device=s.device)
+    for j0 in range(0, s.shape[-1], BLOCK_N):
+        st = s[..., j0:j0 + BLOCK_N]
+        m_new = torch.maximum(m, st.amax(dim=-1, keepdim=True))
+        m_use = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+        alpha = torch.where(torch.isfinite(m), torch.exp(m - m_use), torch.zeros_like(m))
+        p = torch.exp(st - m_use)
+        l = l * alpha + p.sum(dim=-1, keepdim=True)
+        acc = acc * alpha + torch.matmul(p.to(fp8).float(), vv[..., j0:j0 + BLOCK_N, :])
+        m = m_new
+    m_use = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    if sink is not None:
+        big = torch.isfinite(sink) & (sink > m_use)  # rescale to the sink where it tops the keys (no overflow)
+        m_fin = torch.where(big, sink, m_use)
+        l = l * torch.exp(m_use - m_fin) + torch.where(torch.isfinite(sink), torch.exp(sink - m_fin), torch.zeros_like(l))
+        acc = acc * torch.exp(m_use - m_fin)
+        m_use = m_fin
+    out = torch.where(l > 0, acc / torch.where(l > 0, l, torch.ones_like(l)), torch.zeros_like(acc)) * vd
+    lse = torch.where(l > 0, m_use + torch.log(torch.where(l > 0, l, torch.ones_like(l))), torch.full_like(l, float("-inf")))
+    return Output(out.to(torch.bfloat16), lse=lse.squeeze(-1) if return_lse else None)
+
+
+def fp8_online_adapter(name: str = "fp8-online"):
+    """The correct, tiled fp8 engine as an adapter (FP8's claims): a kernel-like fp8 implementation to calibrate on."""
+    @adapter(name, register=False, description="FA3-like fp8 forward: online softmax over key tiles, P cast to fp8 "
+                                               "after the running max is subtracted",
+             **dict(FP8, dtypes=("float8_e4m3fn", "float8_e5m2")))
+    def impl(q, k, v, spec):
+        return fp8_attend(q, k, v, spec, tiled=True)
+
+    return impl
 
 
 def _fp8_member(name, bug):
@@ -96,4 +146,4 @@ def fp8_members():
     ]
 
 
-__all__ = ["fp8_members", "fp8_attend", "FP8", "FP8_BUGS"]
+__all__ = ["fp8_members", "fp8_attend", "fp8_online_adapter", "FP8", "FP8_BUGS"]

@@ -101,6 +101,11 @@ def claim_sets(draw, *, wide: bool = False):
         "sinks": draw(st.booleans()) if wide else False,
         "attention_chunk": draw(st.booleans()) if wide else False,
     })
+    # fp8 (issue 23), wide slice only: an fp8 dtype beside the others turns on the fp8 properties, descales maybe
+    fp8 = draw(st.booleans()) if wide else False
+    if fp8:
+        desc["dtypes"] = desc["dtypes"] + ["float8_e4m3fn"]
+    desc["descales"] = fp8 and draw(st.booleans())
     if draw(st.booleans()):
         prop = draw(st.sampled_from(KNOWN_PROPS))
         desc["known"] = {"property": prop, "match": draw(st.sampled_from(MATCHES))}
@@ -181,7 +186,7 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
     kw["head_dims"] = HEAD_DIM_PREDICATES[hd] if isinstance(hd, str) else tuple(hd)
     if desc.get("tiles"):
         kw["tiles"] = tuple(desc["tiles"])
-    for k in ("kv_cache", "paged", "append", "sinks", "attention_chunk"):
+    for k in ("kv_cache", "paged", "append", "sinks", "attention_chunk", "descales"):
         if desc.get(k):
             kw[k] = True
     if desc.get("num_splits"):
