@@ -299,7 +299,7 @@ def _base_property(prop, adapter, backward: bool):
 
     name = "gradients_match_reference" if backward and adapter.claims.backward else "forward_matches_reference"
     p = get_property(name)
-    return None if p is prop or p.skip_reason(adapter) else p
+    return None if p is prop or p.why_skipped(adapter) else p
 
 
 def _is_backward(prop) -> bool:

@@ -67,6 +67,7 @@ class Fp8Property(CaseProperty):
 
     case_kwargs = dict(dropout=False, poison=False)
     descales_required = False
+    draws_fp8 = True
 
     def skip_reason(self, adapter) -> Optional[str]:
         if not fp8_dtypes(adapter):
