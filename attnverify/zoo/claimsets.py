@@ -177,7 +177,7 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
     """An adapter with the claims of `desc` around naive (bug None) or the zoo's eager engine with `bug`
     ("inplace_q_prescale" scales the caller's q in place); it raises UnclaimedCall on any unclaimed call."""
     from ..adapters.base import adapter
-    from ..adapters.naive import naive_attention
+    from ..adapters.naive import naive_serving
     from ..case import Case
     from ..check import unclaimed
 
@@ -199,7 +199,8 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
         known = {kn["property"]: {"why": "declared by the claim-set fuzz",
                                   **({"match": kn["match"]} if kn.get("match") else {})}}
     holder = {}
-    impl = naive_attention if bug is None else (lambda q, k, v, s: _wrong(q, k, v, s, bug))
+    # naive_serving: naive with KV caches and num_splits (a claim set of the wide slice may claim them)
+    impl = naive_serving if bug is None else (lambda q, k, v, s: _wrong(q, k, v, s, bug))
 
     def call(q, k, v, spec):
         why = unclaimed(holder["a"], Case(q, k, v, spec))
