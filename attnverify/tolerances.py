@@ -26,7 +26,7 @@ where rounding_rel_l2 is the expected error of rounding the reference itself to 
 (`expected_rounding`: sqrt(sum_i spacing(ref_i)^2 / 12), in the check's metric), and the LSE (float32
 by SPEC, whatever the input dtype) is held to the float32 floor instead of the input dtype's. The
 constant floors stay where the baseline says nothing: its error exactly 0 or not computable (dropout,
-float64, fp8), float32 inputs (accumulation, not the final rounding, dominates there), and every
+float64; fp8 has its own case-by-case rule, FP8_* below), float32 inputs (accumulation, not the final rounding, dominates there), and every
 caller that does not pass rounding_rel_l2 (the properties that compare an adapter with itself). The constants were calibrated on
 thousands of random and adversarial cases (benchmarks/calibrate_tolerances.py) and are proven tight
 by tests that must reject zeros, mean(V), a copy of V, uniform attention, shifted diagonals, ...
