@@ -303,7 +303,7 @@ def _base_property(prop, adapter, backward: bool):
 
     name = "gradients_match_reference" if backward and adapter.claims.backward else "forward_matches_reference"
     p = get_property(name)
-    return None if p is prop or p.skip_reason(adapter) else p
+    return None if p is prop or p.why_skipped(adapter) else p
 
 
 # stand-ins: a neighbour the property does not judge because it removed a feature the property asks for

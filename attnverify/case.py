@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from .sink_logits import make_sinks
 from .spec import Spec
 
 DTYPES = {
@@ -91,6 +92,16 @@ class CaseRecipe:
     new_len: int = 0
     garbage: str = "none"
     num_splits: Optional[int] = None
+    # fp8 (attnverify/fp8.py): descales drawn per (batch, kv head) by this kind (fp8.DESCALE_KINDS), the inputs
+    # quantized as saturate(x / descale); None: no descales (fp8 inputs are the values cast, saturating)
+    descales: Optional[str] = None
+    # one key (index) whose score towers `dominant_gap` above the others in every row (q[..., 0] = 1 and that
+    # key's k[..., 0] = gap / scale): the softmax is dominated by it and P's small entries meet fp8's flush
+    dominant_key: Optional[int] = None
+    dominant_gap: float = 0.0
+    # learnable sinks (Spec.sinks) from their description {"kind", "level", "seed"} (attnverify/sink_logits.py)
+    sinks: Optional[Dict[str, Any]] = None
+    attention_chunk: Optional[int] = None  # chunked local attention (Spec.attention_chunk)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -181,6 +192,10 @@ class Case:
                 parts.append(f"rows {list(r.masked_rows)} fully masked")
             if r.layout != "contiguous":
                 parts.append(f"layout={r.layout}")
+            if r.dominant_key is not None and r.len_k:
+                parts.append(f"key {r.dominant_key % r.len_k} dominant (+{r.dominant_gap:g})")
+        if s.has_descales:
+            parts.append(describe_descales(s))
         return " ".join(parts)
 
     def case_id(self) -> str:
@@ -222,6 +237,15 @@ class Case:
         with open(path_json, "w") as f:
             json.dump(d, f, indent=1, default=str)
         return path_json
+
+
+def describe_descales(s: Spec) -> str:
+    def one(d):
+        d = d.flatten().tolist()
+        return ",".join(f"{x:.3g}" for x in d[:4]) + (",..." if len(d) > 4 else "")
+
+    return " ".join(f"{n}=[{one(getattr(s, n))}]" for n in ("q_descale", "k_descale", "v_descale")
+                    if getattr(s, n) is not None)
 
 
 def load_case(path_json: str, device: Optional[str] = None) -> Case:
@@ -270,6 +294,17 @@ def _validate(r: CaseRecipe) -> None:
             raise bad("seqlens_k", "as many key segments as query segments")
         if sum(r.seqlens_q) != r.len_q or sum(r.seqlens_k) != r.len_k:
             raise bad("seqlens_q", f"segments must sum to len_q={r.len_q} and len_k={r.len_k}")
+    if r.descales is not None:
+        from .fp8 import DESCALE_KINDS, is_fp8
+
+        if r.descales not in DESCALE_KINDS:
+            raise bad("descales", f"{r.descales!r} is not one of {DESCALE_KINDS} (or None)")
+        if not is_fp8(r.dtype):
+            raise bad("descales", f"descales scale fp8 inputs; dtype is {r.dtype!r}")
+        if r.cache_lens is not None:
+            raise bad("descales", "descales with a KV cache are not part of the semantics yet")
+    if r.layout == "v_colmajor" and r.cache_lens is not None:
+        raise bad("layout", "v_colmajor is a layout of a plain (B, H, L, D) call, not of a KV cache")
     if r.cache_lens is not None:
         from .paged import validate_recipe
 
@@ -347,6 +382,9 @@ def build_case(r: CaseRecipe, *, label: str = "", values: bool = True) -> Case:
     if r.row_shift:
         k[..., 0] = 1.0
         q[..., 0] = r.row_shift / Spec(scale=r.scale).resolved_scale(d)
+    if r.dominant_key is not None and lk:  # (taken modulo Lk, so a shrunk Lk keeps its dominant key)
+        q[..., 0] = 1.0
+        k[:, :, r.dominant_key % lk, 0] = r.dominant_gap / Spec(scale=r.scale).resolved_scale(d)
     mask = _mask_for(r, gen)
     slopes = None
     if r.alibi:
@@ -367,16 +405,28 @@ def build_case(r: CaseRecipe, *, label: str = "", values: bool = True) -> Case:
         k[hidden.unsqueeze(1).expand(b, hkv, lk)] = r.masked_garbage
         v[hidden.unsqueeze(1).expand(b, hkv, lk)] = r.masked_garbage
     dev = torch.device(r.device)
+    descales = {}
+    if r.dtype.startswith("float8"):  # quantized as a serving stack does: saturate(x / descale)
+        from .fp8 import draw_descales, quantize
+
+        if r.descales is not None:
+            descales = {f"{n}_descale": draw_descales(r.descales, t, hkv, r.dtype, gen)
+                        for n, t in (("q", q), ("k", k), ("v", v))}
+        q, k, v = (quantize(t, descales.get(f"{n}_descale"), r.dtype) for n, t in (("q", q), ("k", k), ("v", v)))
     # laid out on the target device: moving a strided view copies it into contiguous memory
     q, k, v = (_layout(t.to(dt).to(dev), r.layout, i) for i, t in enumerate((q, k, v)))
     if mask is not None:
-        mask = mask.to(dev) if mask.dtype == torch.bool else mask.to(dev, torch.float32 if dt == torch.float64 else dt).to(dt)
+        # a float mask in the input dtype (fp8: float32, the dtype its scores are formed in)
+        mdt = torch.float32 if dt == torch.float64 or r.dtype.startswith("float8") else dt
+        mask = mask.to(dev) if mask.dtype == torch.bool else mask.to(dev, mdt).to(torch.float32 if mdt != dt else dt)
     spec = Spec(
         scale=r.scale, causal=r.causal, window=r.window, softcap=r.softcap,
         alibi_slopes=None if slopes is None else slopes.to(dev), attn_mask=mask,
         dropout_p=r.dropout_p, seed=r.seed if r.dropout_p else None,
         cu_seqlens_q=None if cu_q is None else cu_q.to(dev), cu_seqlens_k=None if cu_k is None else cu_k.to(dev),
         max_seqlen_q=max_q, max_seqlen_k=max_k, return_lse=r.return_lse, num_splits=r.num_splits,
+        **{n: t.to(dev) for n, t in descales.items()},
+        sinks=None if r.sinks is None else make_sinks(hq, r.sinks, dev), attention_chunk=r.attention_chunk,
     )
     return Case(q, k, v, spec, seed=int(r.seed), recipe=r, label=label)
 
@@ -419,8 +469,10 @@ def _layout(t: torch.Tensor, layout: str, which: int) -> torch.Tensor:
         flat = torch.full((t.numel() + 2 * off,), float("nan"), dtype=t.dtype, device=t.device)
         flat[off:off + t.numel()] = t.reshape(-1)
         return flat[off:off + t.numel()].view(t.shape)
+    if layout == "v_colmajor":  # V stored with the sequence innermost (FA3's fp8 V), q and k contiguous
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2) if which == 2 else t.contiguous()
     if layout == "expanded_kv":  # stride-0 batch for k and v when every batch shares them
         if which == 0 or t.shape[0] == 1:
             return t.contiguous()
         return t[:1].expand(t.shape).clone()[:1].expand(t.shape)
-    raise ValueError(f"CaseRecipe(layout={layout!r}): use contiguous, transposed, sliced, offset or expanded_kv")
+    raise ValueError(f"CaseRecipe(layout={layout!r}): use contiguous, transposed, sliced, offset, expanded_kv or v_colmajor")

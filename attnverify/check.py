@@ -15,6 +15,7 @@ from .adapters.base import Adapter
 from .callable_module import make_callable
 from .case import Case
 from .compare import Comparison, compare, error_stats
+from .fp8 import descaled, is_fp8
 from .reference import reference_backward, reference_forward
 from .spec import Output, Spec
 from .tolerances import SCORE_U, UNIT_ROUNDOFF, expected_rounding, tolerance_for
@@ -172,6 +173,9 @@ def check(
     t0 = time.perf_counter()
     spec = case.spec
     notes: List[str] = []
+    if do_bwd and is_fp8(case.dtype):  # docs/adapters.md: fp8 calls are forward only
+        do_bwd = False
+        notes.append(f"{case.dtype} inputs: forward only (fp8 calls have no backward in the contract)")
     q, k, v = (_leaf(t, do_bwd) for t in (case.q, case.k, case.v))
     before = [t.detach().clone() for t in (q, k, v)]
     try:
@@ -311,7 +315,8 @@ def magnitudes(case: Case) -> dict:
 
     dQ and dK are sums of P * (dP - delta) terms that cancel: their rounding is set by the size of
     the terms (scale * |dO| |V| sqrt(Dv) |K|), not by the (possibly zero) result."""
-    q, k, v = case.q.detach().double(), case.k.detach().double(), case.v.detach().double()
+    q, k, v, _ = descaled(case.q.detach(), case.k.detach(), case.v.detach(), case.spec)  # float64, descales applied
+
     def fin(t):
         return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
 
@@ -431,15 +436,18 @@ def _baseline(case: Case, keep, cache: dict, with_grads: bool, rows_ignored: Opt
             den = max(float(torch.where(fin, e, torch.zeros_like(e)).norm()), fl * math.sqrt(max(n, 1)))
             rel = err / den if den > 0 else 0.0
         out_dt = "float32" if name == "lse" else case.dtype
+        if is_fp8(case.dtype):  # the per-case rounding rule is for half outputs (fp8 out is any float dtype)
+            return rel, mx, None
         return rel, mx, expected_rounding(b, out_dt, scale_floor=fl, ignore=ign)
 
     from .adapters.naive import naive_attention
 
-    if case.dtype not in ("float16", "bfloat16", "float32"):
+    if case.dtype not in ("float16", "bfloat16", "float32") and not is_fp8(case.dtype):
         return None
     spec = case.spec
     if spec.dropout_p > 0:
         return None  # the baseline would draw another keep-mask; the u-floors alone apply
+    with_grads = with_grads and not is_fp8(case.dtype)  # fp8: forward only
     try:
         q, k, v = (t.detach().clone().requires_grad_(with_grads) for t in (case.q, case.k, case.v))
         with torch.enable_grad() if with_grads else torch.no_grad():

@@ -216,7 +216,7 @@ def pytest_collection_modifyitems(session, config, items):
                     dev, why = None, str(e)
                 if dev is not None and dev not in a.claims.devices:
                     why = f"{a.name} does not claim device {dev}"
-                why = why or p.skip_reason(a)
+                why = why or p.why_skipped(a)
             if why:
                 item.add_marker(pytest.mark.skip(reason=why))
             elif a.known_failures.get(p.name):  # declared: a pass must surface (strict XPASS), so it gets removed

@@ -42,6 +42,11 @@ class Spec:
     sinks: Any = None
     # chunked local attention (Llama 4): a query sees only keys of its own chunk of this many positions
     attention_chunk: Optional[int] = None
+    # fp8 (FA3's convention, docs/adapters.md): float32 (B, Hkv) factors; the value a stored element stands for is
+    # element * descale[b, kv head], so S = (q * q_descale) (k * k_descale)^T * scale and P @ (v * v_descale)
+    q_descale: Any = None
+    k_descale: Any = None
+    v_descale: Any = None
 
     def __post_init__(self):
         if self.causal not in CAUSAL_MODES:
@@ -71,6 +76,10 @@ class Spec:
             if not isinstance(self.sinks, torch.Tensor) or self.sinks.dim() != 1 or self.sinks.is_complex():
                 raise ValueError(f"Spec(sinks=...): expected a 1-D float tensor of per-head logits (Hq,), got "
                                  f"{type(self.sinks).__name__}{tuple(getattr(self.sinks, 'shape', ()))}")
+        if self.has_descales:
+            from .fp8 import validate_descales
+
+            validate_descales(self)
         if (self.cache_seqlens is not None or self.num_splits is not None or self.block_table is not None
                 or self.k_new is not None or self.v_new is not None or self.cache_batch_idx is not None):
             from .paged import validate_spec
@@ -79,6 +88,10 @@ class Spec:
 
     def resolved_scale(self, head_dim: int) -> float:
         return float(self.scale) if self.scale is not None else 1.0 / math.sqrt(head_dim)
+
+    @property
+    def has_descales(self) -> bool:
+        return self.q_descale is not None or self.k_descale is not None or self.v_descale is not None
 
     @property
     def is_varlen(self) -> bool:
@@ -116,6 +129,8 @@ class Spec:
             used.add("sinks")
         if self.attention_chunk is not None:
             used.add("attention_chunk")
+        if self.has_descales:
+            used.add("descales")
         return used
 
 

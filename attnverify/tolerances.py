@@ -27,7 +27,7 @@ where rounding_rel_l2 is the expected error of rounding the reference itself to 
 (`expected_rounding`: sqrt(sum_i spacing(ref_i)^2 / 12), in the check's metric), and the LSE (float32
 by SPEC, whatever the input dtype) is held to the float32 floor instead of the input dtype's. The
 constant floors stay where the baseline says nothing: its error exactly 0 or not computable (dropout,
-float64, fp8), float32 inputs (accumulation, not the final rounding, dominates there), and every
+float64; fp8 has its own case-by-case rule, FP8_* below), float32 inputs (accumulation, not the final rounding, dominates there), and every
 caller that does not pass rounding_rel_l2 (the properties that compare an adapter with itself). The constants were calibrated on
 thousands of random and adversarial cases (benchmarks/calibrate_tolerances.py) and are proven tight
 by tests that must reject zeros, mean(V), a copy of V, uniform attention, shifted diagonals, ...
@@ -98,6 +98,23 @@ GRADIENTS = ("dq", "dk", "dv")
 # never more precise than float32 (SPEC: LSE is float32).
 _LSE_FLOOR_DTYPE = "float32"
 
+# fp8 inputs (attnverify/fp8.py; docs/tolerances.md "fp8"). The products of two fp8 numbers are exact, so the
+# scores carry only the accumulator's rounding, and the output's error is that of P rounded to the fp8 dtype for
+# P @ V (u = 2^-4 for e4m3, 2^-3 for e5m2, relative, per probability): out is held to NORM_U/ELEM_U x the fp8 u.
+# The LSE never sees that rounding: it is held to the float32 floor (as the half dtypes' per-case rule has it).
+# Scores: Hopper's fp8 tensor cores accumulate with ~14 mantissa bits (DeepSeek-V3 report, section 3.3.2), not
+# float32's 24, so the score term of fp8 cases uses u_acc = 2^-14 (calibrated on the CPU only, where it is float32).
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+FP8_ACC_U = 2.0**-14
+# fp8 out: the u-floors are tighter than the generic ones (which bound an adversarial P rounding, ~1.6 u with
+# the scale floor) and the baseline (naive's fp8 path, which rounds P as FA3 does, relative to the row max) widens
+# the bound case by case: norm-wise max(FP8_NORM_U * u_S, FP8_BASELINE_FACTOR * rel_L2(naive)), element-wise
+# max(FP8_ELEM_U * u_S * (|ref| + s), FP8_BASELINE_FACTOR * max|naive - ref|). Calibrated on an FA3-like tiled
+# kernel (P rounded relative to the running max of 128-key tiles): docs/tolerances.md, "fp8".
+FP8_NORM_U = {"out": 0.5}
+FP8_ELEM_U = {"out": 3.0}
+FP8_BASELINE_FACTOR = {"out": 3.0}
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -124,7 +141,8 @@ class Tolerance:
         `row_score` (B, H, Lq): one row lifted by an additive bias must not widen every other row's bound.
         The norm-wise bound stays the whole tensor's."""
         # elem_u * u of tolerance_for, per row
-        coef = ELEM_U[self.output] * _widened_u(self.output, self.dtype, _score_term(self.dtype, row_score.double())) * loosen
+        elem = FP8_ELEM_U if self.dtype in FP8_DTYPES and self.output in FP8_ELEM_U else ELEM_U
+        coef = elem[self.output] * _widened_u(self.output, self.dtype, _score_term(self.dtype, row_score.double())) * loosen
         return dataclasses.replace(self, row_coef=coef.cpu())
 
 
@@ -142,13 +160,18 @@ def per_case_applies(output: str, dtype, baseline_rel_l2, rounding_rel_l2) -> bo
 
 def _score_term(dtype, score_max):
     """SCORE_U * u_acc * S: an absolute score error of u_acc * S moves the softmax by as much (S may be a tensor)."""
-    return SCORE_U * UNIT_ROUNDOFF["float32" if dtype_name(dtype) != "float64" else "float64"] * score_max
+    name = dtype_name(dtype)
+    u_acc = FP8_ACC_U if name in FP8_DTYPES else UNIT_ROUNDOFF["float32" if name != "float64" else "float64"]
+    return SCORE_U * u_acc * score_max
 
 
 def _widened_u(output: str, dtype, score) -> float:
     """FLOOR_SCALE widens the rounding of wide types' accumulation, not the score term: scaling both let
     float32 TF32-rounded scores pass at large |q||k| (tests/test_tolerances.py)."""
-    return FLOOR_SCALE.get(dtype_name(dtype), 1.0) * unit_roundoff(dtype, output) + score
+    name = dtype_name(dtype)
+    if output == "lse" and name in FP8_DTYPES:
+        name = _LSE_FLOOR_DTYPE
+    return FLOOR_SCALE.get(name, 1.0) * unit_roundoff(dtype, output) + score
 
 
 def dtype_name(dt) -> str:
@@ -161,7 +184,8 @@ def unit_roundoff(dtype, output: str = "out") -> float:
         raise ValueError(f"no tolerance for dtype {name!r}; known: {sorted(UNIT_ROUNDOFF)}")
     u = UNIT_ROUNDOFF[name]
     if output == "lse":
-        u = max(u, UNIT_ROUNDOFF[_LSE_FLOOR_DTYPE])
+        # fp8: P's rounding never reaches the LSE (float32 scores of exact products): float32's unit roundoff
+        u = UNIT_ROUNDOFF[_LSE_FLOOR_DTYPE] if name in FP8_DTYPES else max(u, UNIT_ROUNDOFF[_LSE_FLOOR_DTYPE])
     return u
 
 
@@ -215,9 +239,10 @@ def tolerance_for(
     if score_max and score_max == score_max:
         score = _score_term(dtype, float(score_max))
     u = u0 + score
-    k = BASELINE_FACTOR[output]
+    fp8_out = dtype_name(dtype) in FP8_DTYPES and output in FP8_NORM_U
+    k = FP8_BASELINE_FACTOR[output] if fp8_out else BASELINE_FACTOR[output]
     fs = _widened_u(output, dtype, score) / u if math.isfinite(u) else 1.0
-    norm = NORM_U[output] * u * fs
+    norm = (FP8_NORM_U[output] if fp8_out else NORM_U[output]) * u * fs
     if per_case_applies(output, dtype, baseline_rel_l2, rounding_rel_l2) and math.isfinite(u):
         if output == "lse":  # float32 by SPEC: the float32 floor, whatever the input dtype
             norm = NORM_U[output] * FLOOR_SCALE["float32"] * UNIT_ROUNDOFF["float32"] + NORM_U[output] * score
@@ -231,4 +256,5 @@ def tolerance_for(
     floor = 0.0
     if baseline_max_abs is not None and baseline_max_abs == baseline_max_abs:
         floor = k * float(baseline_max_abs)
-    return Tolerance(output, dtype_name(dtype), norm * loosen, ELEM_U[output] * fs * loosen, u, floor * loosen, scale_floor)
+    elem_u = FP8_ELEM_U[output] if fp8_out else ELEM_U[output]
+    return Tolerance(output, dtype_name(dtype), norm * loosen, elem_u * fs * loosen, u, floor * loosen, scale_floor)

@@ -2,6 +2,7 @@
 adversarial cases and record, per dtype and output, how close their errors come to the bound.
 
     python benchmarks/calibrate_tolerances.py --adapters naive,sdpa-math,sdpa-flash --n 1000 --json out.json
+    python benchmarks/calibrate_tolerances.py --adapters fp8-online,naive --dtypes float8_e4m3fn,float8_e5m2 --forward-only
 
 For every case: each output's relative L2 error in units of u, the worst element's error in units
 of u * (|ref| + s), the ratio to the same-dtype baseline, and whether `check` passed (a failure of a
@@ -24,6 +25,7 @@ import attnverify as av
 from attnverify.adapters import registry
 from attnverify.check import unclaimed
 from attnverify.tolerances import unit_roundoff
+from attnverify.zoo import fp8_online_adapter
 
 SEQ = [1, 2, 5, 15, 16, 17, 31, 33, 63, 64, 65, 97, 127, 128, 129, 192, 255, 257]
 HEAD = [16, 32, 40, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256]
@@ -63,6 +65,8 @@ def random_recipe(rng: random.Random, adapter, dtype: str, device: str, big: boo
                 r.masked_rows = (rng.randrange(r.len_q),)
         if c.lse and rng.random() < 0.5:
             r.return_lse = True
+        if dtype.startswith("float8"):
+            _fp8_parts(rng, r, c)
         case = av.build_case(r)
         if unclaimed(adapter, case) is None and (c.fully_masked != "unsupported" or not _has_fully_masked(case)):
             return r
@@ -102,6 +106,22 @@ def pooled_recipe(rng: random.Random, adapter, pool: list) -> av.CaseRecipe:
         if unclaimed(adapter, case) is None and (c.fully_masked != "unsupported" or not _has_fully_masked(case)):
             return r
     raise RuntimeError(f"could not draw a claimed case for {adapter.name} from the shape pool")
+
+
+def _fp8_parts(rng: random.Random, r: av.CaseRecipe, c) -> None:
+    """fp8 (attnverify/fp8.py): descales of every kind, V column-major, and the softmax shapes that stress P's
+    rounding to fp8: one key dominating every row by a gap, a sink dominating (where claimed)."""
+    from attnverify.fp8 import DESCALE_KINDS
+
+    if c.descales:
+        r.descales = rng.choice(DESCALE_KINDS + (None,))
+    if rng.random() < 0.3:
+        r.layout = "v_colmajor"
+    if rng.random() < 0.3 and r.len_k:
+        r.dominant_key, r.dominant_gap = rng.randrange(r.len_k), rng.choice([2.0, 4.0, 6.0, 8.0, 12.0, 30.0])
+    if c.sinks and rng.random() < 0.3:
+        r.sinks = {"kind": rng.choice(["normal", "dominant", "mixed"]), "level": rng.choice([0.5, 2.0, 8.0]),
+                   "seed": rng.randrange(2**16)}
 
 
 def _has_fully_masked(case) -> bool:
@@ -162,7 +182,8 @@ def main(argv=None):
     worst = {}  # adapter/dtype -> the case with the largest error / bound (any output, norm- or element-wise)
     t0 = time.time()
     for name in args.adapters.split(","):
-        a = registry.get(name)
+        # fp8-online: the FA3-like tiled fp8 kernel (attnverify.zoo.fp8_online_adapter), the fp8 calibration's subject
+        a = fp8_online_adapter() if name == "fp8-online" else registry.get(name)
         why = a.unavailable_reason()
         if why:
             print(f"{name}: unavailable ({why})", file=sys.stderr)

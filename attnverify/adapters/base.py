@@ -54,6 +54,8 @@ class Claims:
     # chunked local attention (Spec.attention_chunk)
     sinks: bool = False
     attention_chunk: bool = False
+    # fp8 inputs with spec.q_descale / k_descale / v_descale, float32 (B, Hkv) (FA3's convention; attnverify/fp8.py)
+    descales: bool = False
 
     def page_size_ok(self, s: int) -> bool:
         ps = self.page_sizes
@@ -73,7 +75,8 @@ class Claims:
 
     def summary(self) -> str:
         feats = [f for f in ("window", "softcap", "alibi", "attn_mask", "gqa", "varlen", "dropout", "backward", "lse",
-                             "deterministic", "kv_cache", "paged", "append", "sinks", "attention_chunk") if getattr(self, f)]
+                             "deterministic", "kv_cache", "paged", "append", "sinks", "attention_chunk",
+                             "descales") if getattr(self, f)]
         hd = "predicate" if callable(self.head_dims) else ",".join(map(str, self.head_dims))
         causal = "/".join(c for c in self.causal)
         return (
@@ -125,6 +128,10 @@ def _validate_claims(name: str, kw: dict) -> Claims:
         c["tiles"] = t
     if "max_seqlen" in c and int(c["max_seqlen"]) < 1:
         raise bad("max_seqlen", "must be >= 1")
+    if "descales" in c and not isinstance(c["descales"], bool):
+        raise bad("descales", f"must be True or False, got {c['descales']!r}")
+    if c.get("descales") and not any(d.startswith("float8") for d in c.get("dtypes", ())):
+        raise bad("descales", "descales scale fp8 inputs: add 'float8_e4m3fn' and/or 'float8_e5m2' to dtypes")
     from ._serving_claims import validate_serving_claims
 
     validate_serving_claims(c, bad)

@@ -8,17 +8,27 @@ backward, dS is rounded to the input dtype before it multiplies K and Q (as in a
 Rounding the scores themselves to fp16 would make the baseline (and so the tolerance) far worse
 than any real kernel at large logits. It implements every SPEC feature, so it also stands in for
 "a correct implementation" in tests.
+
+fp8 inputs (attnverify/fp8.py) go the way FA3 takes them: q, k, v upcast to float32 with their descales,
+scores and softmax in float32, P = exp(s - m) (m the row max of the scores, a sink not included) rounded to the
+input's fp8 dtype before P @ V, normalised by the float32 denominator, out in bfloat16; forward only.
 """
 from __future__ import annotations
 
 import torch
 
 from ..spec import Output, Spec
+from ..fp8 import descaled, is_fp8
 from ._features import NEG_INF, keep_mask, score_bias_and_visibility
+from .naive_fp8 import fp8_softmax_pv
 from .base import adapter
 
 
 def naive_attention(q, k, v, spec: Spec, *, return_keep: bool = True):
+    p_dtype = None
+    if is_fp8(q.dtype):  # FA3's way: float32 with the descales, P rounded to fp8 for P @ V, out in bfloat16
+        p_dtype = q.dtype
+        q, k, v, spec = descaled(q, k, v, spec, torch.float32)
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     g = hq // hkv
@@ -28,7 +38,7 @@ def naive_attention(q, k, v, spec: Spec, *, return_keep: bool = True):
     bias, vis = score_bias_and_visibility(spec, b, hq, lq, lk, q.device, dtype=acc)
     keep = keep_mask(spec, (b, hq, lq, lk), q.device)
     if not spec.is_varlen:
-        out, lse = _attend(q, kk, vv, spec, acc, bias, vis, keep)
+        out, lse = _attend(q, kk, vv, spec, acc, bias, vis, keep, p_dtype)
     else:
         # each segment on its own: a packed matmul would multiply other segments' NaN/Inf keys and
         # values by zero probabilities (0 x NaN = NaN) in the forward and in every gradient
@@ -40,7 +50,7 @@ def naive_attention(q, k, v, spec: Spec, *, return_keep: bool = True):
                 outs.append(q.new_zeros(b, hq, q0 - pos, vv.shape[-1]))
                 lses.append(torch.full((b, hq, q0 - pos), NEG_INF, dtype=acc, device=q.device))
             sub = [_rows_cols(t, q0, q1, k0, k1) for t in (bias, vis, keep)]
-            o, l = _attend(q[:, :, q0:q1], kk[:, :, k0:k1], vv[:, :, k0:k1], spec, acc, *sub)
+            o, l = _attend(q[:, :, q0:q1], kk[:, :, k0:k1], vv[:, :, k0:k1], spec, acc, *sub, p_dtype)
             outs.append(o)
             lses.append(l)
             pos = q1
@@ -48,6 +58,8 @@ def naive_attention(q, k, v, spec: Spec, *, return_keep: bool = True):
             outs.append(q.new_zeros(b, hq, lq - pos, vv.shape[-1]))
             lses.append(torch.full((b, hq, lq - pos), NEG_INF, dtype=acc, device=q.device))
         out, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+    if p_dtype is not None:
+        out = out.to(torch.bfloat16)
     return Output(out, lse=lse if spec.return_lse else None, dropout_mask=keep if return_keep else None)
 
 
@@ -98,7 +110,7 @@ def _rows_cols(t, q0, q1, k0, k1):
     return t[..., rows, cols]
 
 
-def _attend(q, kk, vv, spec: Spec, acc, bias, vis, keep):
+def _attend(q, kk, vv, spec: Spec, acc, bias, vis, keep, p_dtype=None):
     """Dense attention of q against kk/vv (already repeated for GQA): returns (out in q.dtype, lse in acc)."""
     lk = kk.shape[2]
     if lk == 0 and spec.sinks is None:  # nothing to attend to: a fully-masked block
@@ -121,12 +133,14 @@ def _attend(q, kk, vv, spec: Spec, acc, bias, vis, keep):
         vv = torch.cat([vv, vv.new_zeros(*vv.shape[:-2], 1, vv.shape[-1])], dim=-2)
         if keep_scale is not None:  # the sink is never dropped (it has no value to drop)
             keep_scale = torch.cat([keep_scale, keep_scale.new_ones(*keep_scale.shape[:-1], 1)], dim=-1)
+    if p_dtype is not None:
+        return fp8_softmax_pv(s, vv, keep_scale, p_dtype, spec.sinks is not None)
     return _SoftmaxPV.apply(s, vv, keep_scale, q.dtype)
 
 
 @adapter(
     "naive",
-    dtypes=("float16", "bfloat16", "float32", "float64"),
+    dtypes=("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"),
     devices=("cpu", "cuda"),
     head_dims=lambda d: 1 <= d <= 512,
     max_seqlen=8192,
@@ -134,7 +148,7 @@ def _attend(q, kk, vv, spec: Spec, acc, bias, vis, keep):
     window=True, softcap=True, alibi=True, attn_mask=True, gqa=True, varlen=True, dropout=True,
     backward=True, lse=True, dv_ne_d=True, fully_masked="zeros", deterministic=True,
     memory="quadratic", kv_cache=True, paged=True, page_sizes=lambda p: p >= 1, append=True,
-    num_splits=(1, 2, 3, 4, 5, 8, 16, 32), sinks=True, attention_chunk=True,
+    num_splits=(1, 2, 3, 4, 5, 8, 16, 32), sinks=True, attention_chunk=True, descales=True,
     description="eager PyTorch, input dtype, float32 softmax (the same-dtype baseline)",
 )
 def naive(q, k, v, spec: Spec):

@@ -10,6 +10,7 @@ from ._props import (
 from ._contract import CONTRACT_PROPERTIES, install as _install_contract
 from .base import ExampleResult, Property
 from .profiles import DEFAULT_PROFILE, hypothesis_settings, register_profiles
+from .fp8 import FP8_PROPERTIES  # issue 23: fp8 inputs with descales
 from .mla import MLA_PROPERTIES  # issue 23: MLA latent K/V views
 from .serving import SERVING_PROPERTIES  # issue 22: KV caches, split-KV
 from .sinks import SINK_PROPERTIES  # issue 23: sinks, chunked local attention
@@ -18,7 +19,7 @@ from .splitkv import SPLIT_PROPERTIES
 # contract and robustness properties (issue 8): `inputs_unmodified` becomes the forward+backward version,
 # the others are appended; in place, so `_props.PROPERTIES` is the same list; then the serving ones
 _install_contract(PROPERTIES)
-PROPERTIES.extend(p for p in SERVING_PROPERTIES + SPLIT_PROPERTIES + SINK_PROPERTIES + MLA_PROPERTIES
+PROPERTIES.extend(p for p in SERVING_PROPERTIES + SPLIT_PROPERTIES + SINK_PROPERTIES + MLA_PROPERTIES + FP8_PROPERTIES
                   if p.name not in {q.name for q in PROPERTIES})
 
 

@@ -2,7 +2,7 @@
 
 A Property draws JSON-able data with Hypothesis and judges one drawn example at a time:
 
-    prop.skip_reason(adapter)                 -> None, or "mine does not claim window"
+    prop.why_skipped(adapter)                 -> None, or "mine does not claim window"
     prop.strategy(adapter, profile, device)   -> SearchStrategy of JSON-able values (CaseRecipe dicts, ...)
     prop.examples(adapter, profile, device)   -> the @example corpus (same type), run first
     prop.run_example(adapter, drawn)          -> ExampleResult (never raises for a wrong answer)
@@ -58,6 +58,18 @@ class Property:
     # by it (at least 5 generated examples remain; the corpus always runs), so a property that calls
     # the adapter a dozen times per example does not cost a dozen properties' time
     cost: float = 1.0
+
+    # True for the properties that draw fp8 cases (properties/fp8.py); the others draw none (attention_cases)
+    draws_fp8: bool = False
+
+    def why_skipped(self, adapter) -> Optional[str]:
+        """The reason this property does not run for `adapter` (None: it runs): its skip_reason, or an adapter that
+        claims only fp8 dtypes where this property draws no fp8 case. Every caller asks this, not skip_reason."""
+        dts = adapter.claims.dtypes
+        if not self.draws_fp8 and dts and all(str(d).startswith("float8") for d in dts):
+            return (f"{adapter.name} claims only fp8 dtypes ({', '.join(dts)}); {self.name} draws no fp8 case (the fp8 "
+                    f"properties fp8_matches_reference and descale_linearity test them)")
+        return self.skip_reason(adapter)
 
     def skip_reason(self, adapter) -> Optional[str]:
         for need in self.needs:

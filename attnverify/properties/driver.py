@@ -94,7 +94,7 @@ def run_property(
     goes on outside the needs found, up to `max_bugs` distinct bugs (default: the profile's, MAX_BUGS).
     `on_bug(bug)` is called as each bug is found (the plugin journals it there) and may return the
     path of the case file it saved."""
-    why = prop.skip_reason(adapter)
+    why = prop.why_skipped(adapter)
     if why:
         raise PropertySkipped(why)
     runner = runner or default_runner

@@ -22,13 +22,11 @@ from ..case import Case
 from ..check import check, unclaimed, unpack_output
 from ..compare import compare, error_stats
 from ..reference import reference_backward, reference_forward
+from ..sink_logits import SINK_KINDS, make_sinks
 from ..tolerances import tolerance_for
 from ._props import CaseProperty, _result_from_check
 from .base import ExampleResult
 from .serving import CacheProperty, judge_pairs, run
-
-SINK_KINDS = ("normal", "dominant", "neg_inf", "mixed")
-
 
 def sink_params():
     """A strategy of the JSON-able sink description drawn beside a recipe."""
@@ -39,30 +37,28 @@ def sink_params():
     }).map(lambda d: {"sinks": d})
 
 
-def make_sinks(hq: int, d: dict, device="cpu") -> torch.Tensor:
-    """(Hq,) float32 sink logits from a drawn description (see sink_params)."""
-    gen = torch.Generator().manual_seed(int(d.get("seed", 0)))
-    kind, level = d.get("kind", "normal"), float(d.get("level", 1.0))
-    if kind not in SINK_KINDS:
-        raise ValueError(f"sinks kind={kind!r}: use one of {SINK_KINDS}")
-    x = torch.randn(hq, generator=gen) * level
-    if kind == "dominant":  # far above any score of a drawn row: the sink takes nearly all the weight
-        x = level + 10.0 + x.abs()
-    elif kind == "neg_inf":
-        x = torch.full((hq,), -math.inf)
-    elif kind == "mixed":
-        pick = torch.randint(0, 3, (hq,), generator=gen)
-        x = torch.where(pick == 0, torch.full_like(x, -math.inf), torch.where(pick == 1, level + 10.0 + x.abs(), x))
-    return x.to(torch.float32).to(device)
-
-
 def with_spec(case: Case, **changes) -> Case:
     return Case(case.q, case.k, case.v, case.spec.replace(**changes), seed=case.seed, recipe=case.recipe,
                 label=case.label)
 
 
+def with_chunk(case: Case, chunk: int) -> Case:
+    """The case with attention_chunk = chunk, in its spec and in its recipe (a saved case replays with it)."""
+    out = with_spec(case, attention_chunk=chunk)
+    if case.recipe is not None and case.recipe.cache_lens is None:
+        out.recipe = dataclasses.replace(case.recipe, attention_chunk=chunk)
+    return out
+
+
 def with_sinks(case: Case, params: dict) -> Case:
-    return with_spec(case, sinks=make_sinks(case.q.shape[1], params["sinks"], case.q.device))
+    """The case with the drawn sinks, in its spec and in its recipe (so the saved case replays with them)."""
+    out = with_spec(case, sinks=make_sinks(case.q.shape[1], params["sinks"], case.q.device))
+    if case.recipe is not None and case.recipe.cache_lens is None:
+        out.recipe = dataclasses.replace(case.recipe, sinks=dict(params["sinks"]))
+    return out
+
+
+CHUNKS = (1, 2, 3, 4, 7, 8, 16, 64)
 
 
 class SinkProperty(CaseProperty):
@@ -106,10 +102,19 @@ def sink_gradient(adapter, case: Case) -> Optional[dict]:
 class SinksMatchReference(SinkProperty):
     name = "sinks_match_reference"
     doc = ("With per-head sinks (the gpt-oss denominator, docs/adapters.md), the output, LSE and dQ/dK/dV match the "
-           "float64 reference, and with backward the sink's gradient matches the reference's dsinks.")
+           "float64 reference, and with backward the sink's gradient matches the reference's dsinks; chunked local "
+           "attention is drawn with the sinks where claimed.")
     case_kwargs = dict(dropout=False, poison=False)
 
+    def params(self, adapter):
+        if not adapter.claims.attention_chunk:
+            return sink_params()
+        chunks = st.one_of(st.none(), st.sampled_from(CHUNKS))
+        return st.tuples(sink_params(), chunks).map(lambda t: {**t[0], "attention_chunk": t[1]})
+
     def judge(self, adapter, case, params):
+        if params.get("attention_chunk"):
+            case = with_chunk(case, int(params["attention_chunk"]))
         case = with_sinks(case, params)
         res = _result_from_check(check(adapter, case, backward=adapter.claims.backward), case)
         if not res.passed or not adapter.claims.backward:
@@ -253,13 +258,13 @@ class ChunkedMatchesReference(CaseProperty):
     case_kwargs = dict(dropout=False, poison=False)
 
     def params(self, adapter):
-        return st.fixed_dictionaries({"attention_chunk": st.sampled_from([1, 2, 3, 4, 7, 8, 16, 64])})
+        return st.fixed_dictionaries({"attention_chunk": st.sampled_from(CHUNKS)})
 
     def default_params(self):
         return {"attention_chunk": 4}
 
     def judge(self, adapter, case, params):
-        case = with_spec(case, attention_chunk=int(params["attention_chunk"]))
+        case = with_chunk(case, int(params["attention_chunk"]))
         return _result_from_check(check(adapter, case, backward=adapter.claims.backward), case)
 
 

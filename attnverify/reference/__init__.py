@@ -104,7 +104,12 @@ def reference_forward(
     block_q: Optional[int] = None,
 ) -> ReferenceResult:
     """Exact attention in float64. Inputs of any dtype are upcast exactly. A KV-cache call (spec.cache_seqlens;
-    k and v are caches) attends each batch to its gathered keys (reference.paged)."""
+    k and v are caches) attends each batch to its gathered keys (reference.paged). fp8 descales (attnverify/fp8.py)
+    multiply the upcast inputs exactly: q * q_descale[b, h // g], k * k_descale[b, h], v * v_descale[b, h]."""
+    if spec.has_descales:
+        from ..fp8 import descaled
+
+        q, k, v, spec = descaled(q, k, v, spec)
     if spec.cache_seqlens is not None:
         from .paged import cache_forward
 
@@ -143,6 +148,9 @@ def reference_backward(
     block_q: Optional[int] = None,
 ) -> ReferenceGrads:
     """Gradients of <out, d_out> + <lse, d_lse> with respect to q, k, v, in float64."""
+    if spec.has_descales:
+        raise ValueError("reference_backward: calls with q_descale/k_descale/v_descale (fp8) are forward only "
+                         "(docs/adapters.md); drop the descales or check the forward")
     b, hq, lq = q.shape[0], q.shape[1], q.shape[2]
     _check_keep(spec, dropout_mask, (b, hq, lq, k.shape[2]))
     p = _params(spec, q, spec.attn_mask, dropout_mask, b, hq)

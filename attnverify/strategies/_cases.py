@@ -111,7 +111,8 @@ def attention_cases(
     `return_lse`, `poison`, `fully_masked`, `lq_ne_lk`, `dv_ne_d`, `scale`, `extreme_values`):
     None draws the feature sometimes when the adapter claims it, True always (an error when the
     adapter does not claim it), False never. Each may also be a strategy of those values.
-    `backward=True` keeps to cases whose gradients are defined (no fp8).
+    `backward=True` keeps to cases whose gradients are defined (no fp8). fp8 dtypes are drawn only when named in
+    `dtypes` (the fp8 properties do, adding descales: properties/fp8.py).
     Build the tensors with `attnverify.build_case(recipe)` or `cases(...)`.
     """
     from ..adapters.base import Adapter
@@ -134,11 +135,14 @@ def attention_cases(
     check_order("min_seqlen", min_seqlen, "max_seqlen", mx)
 
     dts = check_choice("dtypes", dtypes, DTYPE_ORDER)
-    want = tuple(d for d in DTYPE_ORDER if d in claims.dtypes and (dts is None or d in dts))
+    # fp8 only when asked for by name: the fp8 properties (properties/fp8.py) draw it with its descales; the
+    # general properties transform inputs arithmetically, which fp8 tensors do not support
+    want = tuple(d for d in DTYPE_ORDER if d in claims.dtypes and (d in dts if dts is not None else d not in _FP8))
     if backward:
         want = tuple(d for d in want if d not in _FP8)
     if not want:
-        raise InvalidArgument(f"dtypes={dtypes!r}: none of them is claimed by {adapter.name} (claims {claims.dtypes})")
+        raise InvalidArgument(f"dtypes={dtypes!r}: none of them is claimed by {adapter.name} (claims {claims.dtypes}"
+                              + ("; fp8 dtypes are drawn only when named in dtypes=" if dts is None else "") + ")")
     cz = check_choice("causal", causal, CAUSAL_ORDER)
     cz_t = tuple(c for c in CAUSAL_ORDER if c in claims.causal and (cz is None or c in cz))
     if not cz_t:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import List
 
+from ._fp8 import fp8_online_adapter
 from ._members import ZOO, ZooMember
 
 
@@ -36,4 +37,4 @@ def fast_members() -> List[ZooMember]:
     return [m for m in ZOO if m.fast]
 
 
-__all__ = ["ZOO", "ZooMember", "get_member", "fast_members"]
+__all__ = ["ZOO", "ZooMember", "get_member", "fast_members", "fp8_online_adapter"]

@@ -16,6 +16,7 @@ from ._eager import SPLIT_KV, attend, buggy_grad
 from ._multi import multi_members
 from ._precision import precision_members
 from ._serving_members import serving_members
+from ._fp8 import fp8_members
 from ._sinks import mla_members, sink_members
 from ._triton_wrong import BLOCK_M, BLOCK_N, triton_unavailable, zoo_flash_forward
 from ..devices import cuda_present
@@ -218,4 +219,5 @@ def _members():
     ] + precision_members(Z, adapter, FLASH)  # the precision class (issue 20): zoo/_precision.py
 
 
-ZOO = _members() + serving_members() + multi_members(ZooMember, FLASH) + sink_members() + mla_members()
+ZOO = (_members() + serving_members() + multi_members(ZooMember, FLASH) + sink_members() + mla_members()
+       + fp8_members())

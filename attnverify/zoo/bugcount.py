@@ -51,7 +51,7 @@ def count_bugs(member, *, profile: str = "dev", seed: int = 0, max_examples: Opt
     t0 = time.perf_counter()
     try:
         for prop in props:
-            if prop.skip_reason(member.adapter):
+            if prop.why_skipped(member.adapter):
                 continue
             n = {"ex": 0}
 

@@ -101,6 +101,10 @@ def claim_sets(draw, *, wide: bool = False):
         "sinks": draw(st.booleans()) if wide else False,
         "attention_chunk": draw(st.booleans()) if wide else False,
     })
+    # fp8 (issue 23) is not drawn yet: one more draw here shifts the wide slice onto claim sets (kv_cache with
+    # attn_mask, refuses with lse_merge) whose serving-property failures are not fp8's (reported to the lead);
+    # the fp8 properties have their own tests (tests/test_fp8.py)
+    desc["descales"] = False
     if draw(st.booleans()):
         prop = draw(st.sampled_from(KNOWN_PROPS))
         desc["known"] = {"property": prop, "match": draw(st.sampled_from(MATCHES))}
@@ -172,7 +176,7 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
     """An adapter with the claims of `desc` around naive (bug None) or the zoo's eager engine with `bug`
     ("inplace_q_prescale" scales the caller's q in place); it raises UnclaimedCall on any unclaimed call."""
     from ..adapters.base import adapter
-    from ..adapters.naive import naive_attention
+    from ..adapters.naive import naive_serving
     from ..case import Case
     from ..check import unclaimed
 
@@ -181,7 +185,7 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
     kw["head_dims"] = HEAD_DIM_PREDICATES[hd] if isinstance(hd, str) else tuple(hd)
     if desc.get("tiles"):
         kw["tiles"] = tuple(desc["tiles"])
-    for k in ("kv_cache", "paged", "append", "sinks", "attention_chunk"):
+    for k in ("kv_cache", "paged", "append", "sinks", "attention_chunk", "descales"):
         if desc.get(k):
             kw[k] = True
     if desc.get("num_splits"):
@@ -194,7 +198,8 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
         known = {kn["property"]: {"why": "declared by the claim-set fuzz",
                                   **({"match": kn["match"]} if kn.get("match") else {})}}
     holder = {}
-    impl = naive_attention if bug is None else (lambda q, k, v, s: _wrong(q, k, v, s, bug))
+    # naive_serving: naive with KV caches and num_splits (a claim set of the wide slice may claim them)
+    impl = naive_serving if bug is None else (lambda q, k, v, s: _wrong(q, k, v, s, bug))
 
     def call(q, k, v, spec):
         why = unclaimed(holder["a"], Case(q, k, v, spec))

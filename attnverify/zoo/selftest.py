@@ -86,7 +86,7 @@ def run_member(member, *, profile: str = "ci", seed: int = 0, report_dir: Option
     props = [get_property(n) for n in properties] if properties else property_order(member)
     t_member = time.perf_counter()
     for prop in props:
-        if prop.skip_reason(member.adapter):
+        if prop.why_skipped(member.adapter):
             continue
         count = {"n": 0}
         first: Dict[str, float] = {}
