@@ -39,6 +39,12 @@ tests/test_external_adapters.py against the float64 reference; figures in docs/c
   output is 0 -> fully_masked="zeros";
 - bitwise repeatable (one compiled kernel, OpenMP over independent rows) -> deterministic=True.
 
+Sinks and chunked local attention (issue 23) are this adapter's own construction from what the
+FlexAttention docs offer (a score_mod may read captured tensors, a mask_mod is any boolean rule of
+(b, h, q_idx, kv_idx)); flex has no sink argument. A sink is one more key at index Lk with zero key and
+value rows, visible to every query, whose score the score_mod replaces by the head's sink logit; the
+chunk rule is a term of the mask_mod (per varlen segment, like the other positional rules).
+
 Measured, not a claim: a query row holding NaN comes back as 0 instead of NaN (the kernel's masking
 treats the NaN scores as masked), so `nonfinite_inputs_propagate` fails -- a finding about flex on
 the CPU, recorded in docs/compatibility.md.
@@ -138,14 +144,19 @@ def _pow2(n: int, least: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------- mods
-# Everything a mod reads is a tensor: ip = int32 [causal_mode, left, right, use_cap, Lq, Lk],
-# fp = float32 [cap], sl = float32 (B, Hq) ALiBi slopes (zeros when unused).
-# causal_mode: 0 none, 1 top-left, 2 bottom-right; left/right: -1 unbounded.
+# Everything a mod reads is a tensor: ip = int32 [causal_mode, left, right, use_cap, Lq, Lk, chunk, has_sink],
+# fp = float32 [cap], sl = float32 (B, Hq) ALiBi slopes (zeros when unused), sk = float32 (Hq,) sink logits.
+# causal_mode: 0 none, 1 top-left, 2 bottom-right; left/right: -1 unbounded; chunk: 0 none.
+# Sinks are one more key, index Lk, with a zero key and value row: the mask lets every query see it and the
+# score_mod replaces its score by the head's sink (unscaled, uncapped, no ALiBi), so the softmax's
+# denominator gains exp(sink) and the numerator nothing (docs/adapters.md, "Sinks").
 
 
 def _visible(ip, qp, kp, off):
-    mode, left, right = ip[0], ip[1], ip[2]
+    mode, left, right, chunk = ip[0], ip[1], ip[2], ip[6]
     v = (mode == 0) | ((mode == 1) & (kp <= qp)) | ((mode == 2) & (kp <= qp + off))
+    c = torch.clamp(chunk, min=1)  # the chunk rule (a query at position qp + off sees keys of its own chunk)
+    v = v & ((chunk <= 0) | (torch.div(qp + off, c, rounding_mode="floor") == torch.div(kp, c, rounding_mode="floor")))
     return v & ((left < 0) | (kp >= qp + off - left)) & ((right < 0) | (kp <= qp + off + right))
 
 
@@ -154,7 +165,25 @@ def _score(s, ip, fp, sl, b, h, qp, kp, off):
     return s - sl[b, h] * (qp + off - kp).abs()
 
 
+def _with_sink(mask_mod, score_mod, ip, sk):
+    """Mods that add the sink column (key index Lk) to the given ones."""
+    def sink_mask(b, h, qi, ki):
+        return ((ip[7] > 0) & (ki == ip[5])) | mask_mod(b, h, qi, ki)
+
+    def sink_score(s, b, h, qi, ki):
+        return torch.where((ip[7] > 0) & (ki == ip[5]), sk[h], score_mod(s, b, h, qi, ki))
+
+    return sink_mask, sink_score
+
+
 def _mods(variant: str, t: dict):
+    mask_mod, score_mod = _base_mods(variant, t)
+    if "sk" in t:
+        return _with_sink(mask_mod, score_mod, t["ip"], t["sk"])
+    return mask_mod, score_mod
+
+
+def _base_mods(variant: str, t: dict):
     ip, fp, sl = t["ip"], t["fp"], t["sl"]
     if variant == "varlen":
         docq, dock, tab = t["docq"], t["dock"], t["tab"]
@@ -207,11 +236,17 @@ def _tensors(spec: Spec, b: int, hq: int, lq: int, lk: int, device) -> tuple:
     mode = {"none": 0, "top_left": 1, "bottom_right": 2}[spec.causal]
     left, right = spec.window if spec.window is not None else (-1, -1)
     cap = float(spec.softcap) if spec.softcap is not None else 1.0
+    chunk = int(spec.attention_chunk) if spec.attention_chunk is not None else 0
+    has_sink = spec.sinks is not None
     t = {
-        "ip": torch.tensor([mode, left, right, 1 if spec.softcap is not None else 0, lq, lk], dtype=torch.int32, device=device),
+        "ip": torch.tensor([mode, left, right, 1 if spec.softcap is not None else 0, lq, lk, chunk, int(has_sink)],
+                           dtype=torch.int32, device=device),
         "fp": torch.tensor([cap], dtype=torch.float32, device=device),
         "sl": torch.zeros(_pow2(b, _B_MIN), hq, dtype=torch.float32, device=device),
     }
+    if has_sink:  # differentiable: the suite's gradient of spec.sinks flows through the captured tensor
+        t["sk"] = spec.sinks.to(device=device, dtype=torch.float32)
+    lk = lk + 1 if has_sink else lk  # captured tables cover the sink column too
     if spec.alibi_slopes is not None:
         s = torch.as_tensor(spec.alibi_slopes, device=device).float()
         t["sl"][:b] = (s.view(1, hq) if s.dim() == 1 else s.view(b, hq)).expand(b, hq)
@@ -233,10 +268,10 @@ def _tensors(spec: Spec, b: int, hq: int, lq: int, lk: int, device) -> tuple:
         shape = (_pow2(b, 1), hq, _pow2(lq, _L_MIN), _pow2(lk, _L_MIN))  # padded: static sizes
         if m.dtype == torch.bool:
             t["bm"] = torch.zeros(shape, dtype=torch.bool, device=device)
-            t["bm"][:b, :, :lq, :lk] = m4.expand(b, hq, lq, lk)
+            t["bm"][:b, :, :lq, :lk - has_sink] = m4.expand(b, hq, lq, lk - has_sink)
             return "bool", t
         t["fb"] = torch.zeros(shape, dtype=torch.float32, device=device)
-        t["fb"][:b, :, :lq, :lk] = m4.to(torch.float32).expand(b, hq, lq, lk)
+        t["fb"][:b, :, :lq, :lk - has_sink] = m4.to(torch.float32).expand(b, hq, lq, lk - has_sink)
         return "float", t
     return "plain", t
 
@@ -245,10 +280,10 @@ def _claims() -> dict:
     if _CUDA:
         return dict(dtypes=("float16", "bfloat16", "float32"), devices=("cuda",),
                     head_dims=(16, 32, 64, 128, 256), backward=True, lse=True, fully_masked="zeros",
-                    deterministic=False, tiles=(128, 64), dv_ne_d=True)
+                    deterministic=False, tiles=(128, 64), dv_ne_d=True, sinks=True, attention_chunk=True)
     return dict(dtypes=("float16", "bfloat16", "float32"), devices=("cpu",), head_dims=_CPU_HEAD_DIMS,
                 backward=False, lse=False, fully_masked=_CPU_FULLY_MASKED, deterministic=True,
-                tiles=(128, 128), dv_ne_d=True)
+                tiles=(128, 128), dv_ne_d=True, sinks=True, attention_chunk=True)
 
 
 _DIFFERENT_KV = ("accepts k and v of different lengths and returns finite numbers where eager flex_attention "
@@ -297,7 +332,10 @@ def flex(q, k, v, spec: Spec):
     lk = k.shape[2]
     variant, t = _tensors(spec, b, hq, lq, lk, q.device)
     mask_mod, score_mod = _mods(variant, t)
-    block_mask = create_block_mask(mask_mod, b, hq, lq, lk, device=q.device)
+    if spec.sinks is not None:  # the sink column: a zero key and a zero value row at index Lk
+        k = torch.cat([k, k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])], dim=2)
+        v = torch.cat([v, v.new_zeros(v.shape[0], v.shape[1], 1, v.shape[3])], dim=2)
+    block_mask = create_block_mask(mask_mod, b, hq, lq, k.shape[2], device=q.device)
     fn = _compiled()
     kw = dict(score_mod=score_mod, block_mask=block_mask, scale=spec.resolved_scale(d), enable_gqa=True)
     want_lse = bool(spec.return_lse) and q.is_cuda
