@@ -60,7 +60,7 @@ def split_attention(q, k, v, spec: Spec, splits: int) -> Output:
     outs, lses = [], []
     for cols in torch.arange(lk, device=q.device).tensor_split(splits):
         sc, vc = s[..., cols], vv[:, :, cols].to(acc)
-        m = sc.amax(dim=-1, keepdim=True) if cols.numel() else torch.full((*sc.shape[:-1], 1), NEG_INF, dtype=acc)
+        m = sc.amax(dim=-1, keepdim=True) if cols.numel() else torch.full((*sc.shape[:-1], 1), NEG_INF, dtype=acc, device=q.device)
         dead = torch.isneginf(m)
         p = torch.exp(sc - m.masked_fill(dead, 0.0))
         l = p.sum(dim=-1, keepdim=True)

@@ -209,16 +209,17 @@ class SinkLimits(SinkProperty):
                 {"out": reference_forward(plain.q, plain.k, plain.v, plain.spec).out}
             out = {"out[sinks=-inf]": (got_off["out"], exp_off["out"].double().cpu())}
             ref_plain = reference_forward(plain.q, plain.k, plain.v, plain.spec)
-            empty = torch.isneginf(ref_plain.lse)  # rows without a visible key (B, Hq, Lq)
+            empty = torch.isneginf(ref_plain.lse).cpu()  # rows without a visible key (B, Hq, Lq); judged on the CPU
             if c.spec.is_varlen:  # rows past the last segment belong to no sequence: not judged
                 last = int(torch.as_tensor(c.spec.cu_seqlens_q)[-1])
                 empty[:, :, last:] = False
             if bool(empty.any()):
                 got = run(a, c.q, c.k, c.v, c.spec)
-                out["out[no visible key]"] = (got["out"][empty], torch.zeros_like(got["out"][empty], dtype=torch.float64))
+                got_out = got["out"].cpu()
+                out["out[no visible key]"] = (got_out[empty], torch.zeros_like(got_out[empty], dtype=torch.float64))
                 if "lse" in got:
                     sink = c.spec.sinks.double().cpu()[None, :, None].expand_as(empty)
-                    out["lse[no visible key]"] = (got["lse"][empty], sink[empty])
+                    out["lse[no visible key]"] = (got["lse"].cpu()[empty], sink[empty])
             return out
 
         return judge_pairs(self, adapter, case, params, pairs, problems)
