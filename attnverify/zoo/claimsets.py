@@ -154,8 +154,11 @@ def _chunked(fn, q, k, v, spec, rows: int = 64):
 
 
 def _plain(spec) -> bool:
+    # (a cache call gathers its keys per batch entry, and chunked local attention is a visibility rule of its
+    # own: neither is the plain causal-or-not call whose rows the chunks rebuild)
     return (spec.attn_mask is None and spec.alibi_slopes is None and not spec.is_varlen and spec.window is None
-            and spec.softcap is None and spec.dropout_p == 0)
+            and spec.softcap is None and spec.dropout_p == 0 and spec.cache_seqlens is None
+            and spec.attention_chunk is None)
 
 
 def _wrong(q, k, v, spec, bug: str):
@@ -172,7 +175,7 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
     """An adapter with the claims of `desc` around naive (bug None) or the zoo's eager engine with `bug`
     ("inplace_q_prescale" scales the caller's q in place); it raises UnclaimedCall on any unclaimed call."""
     from ..adapters.base import adapter
-    from ..adapters.naive import naive_attention
+    from ..adapters.naive import naive_serving
     from ..case import Case
     from ..check import unclaimed
 
@@ -194,7 +197,8 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
         known = {kn["property"]: {"why": "declared by the claim-set fuzz",
                                   **({"match": kn["match"]} if kn.get("match") else {})}}
     holder = {}
-    impl = naive_attention if bug is None else (lambda q, k, v, s: _wrong(q, k, v, s, bug))
+    # bug None: naive's whole path (KV caches, split-KV), since the wide slice claims the serving features
+    impl = naive_serving if bug is None else (lambda q, k, v, s: _wrong(q, k, v, s, bug))
 
     def call(q, k, v, spec):
         why = unclaimed(holder["a"], Case(q, k, v, spec))
