@@ -4,8 +4,9 @@ Every built-in this machine can run, except on a machine without a GPU an adapte
 new shape (it declares `min_timeout`, the time one example may take while it compiles): flex on a 2-core
 CPU takes about 21 minutes from a cold compile cache, twice the default run's budget of 10 minutes. Such
 an adapter is listed "on request", with the command that adds it and its measured time. So is a CPU
-client whose own ci profile takes minutes there (ON_REQUEST_CPU): the eager, SDPA, Triton and JAX
-adapters already take about 6 of the 10 minutes.
+client whose own ci profile takes minutes there (it declares `on_request_cpu`, the reason: its time
+measured 2026-12-04 on a shared, loaded machine, so upper bounds; docs/compatibility.md): the eager,
+SDPA, Triton and JAX adapters already take about 6 of the 10 minutes.
 """
 from __future__ import annotations
 
@@ -16,18 +17,6 @@ MEASURED_CPU = {
     "flex": "about 21 min cold (1,256 s), 3 min with a warm compile cache, on a 2-core CPU (BENCHMARKS.md)",
 }
 
-# CPU clients (issue 24) whose ci profile alone takes minutes on a 2-core CPU, measured 2026-12-04 on a
-# shared (loaded) machine, so upper bounds (docs/compatibility.md); ort-gqa (58 s) stays in the default run
-ON_REQUEST_CPU = {
-    "onnx-attention": "ci profile 229 s on a 2-core CPU",
-    "ort-mha": "ci profile 154 s on a 2-core CPU",
-    "hf-sdpa": "ci profile 212 s on a 2-core CPU",
-    "hf-eager": "ci profile 288 s on a 2-core CPU",
-    "keras-torch": "ci profile 383 s on a 2-core CPU",
-    "keras-jax": "ci profile 2,032 s on a 2-core CPU (about 3 s an example)",
-    "tinygrad": "about 6 s an example (one clang compile per shape): over 10 minutes on a 2-core CPU",
-}
-
 
 def split_default(adapters, gpu: bool) -> Tuple[List[str], List[Tuple[str, str]]]:
     """(names the default run takes, [(name, why it is on request)]) among available `adapters`."""
@@ -35,8 +24,8 @@ def split_default(adapters, gpu: bool) -> Tuple[List[str], List[Tuple[str, str]]
     for a in adapters:
         if not gpu and a.min_timeout is not None:
             on_request.append((a.name, f"compiles every new shape: {MEASURED_CPU.get(a.name, 'minutes per shape cold')}"))
-        elif not gpu and a.name in ON_REQUEST_CPU:
-            on_request.append((a.name, ON_REQUEST_CPU[a.name]))
+        elif not gpu and a.on_request_cpu:
+            on_request.append((a.name, a.on_request_cpu))
         else:
             run.append(a.name)
     return run, on_request

@@ -97,12 +97,14 @@ def _resolve_adapters(config, s: Settings) -> None:
         raise pytest.UsageError(f"--adapter {','.join(s.adapter_names)}: loading failed: {type(e).__name__}: {e}") from None
     if not s.adapters:
         raise pytest.UsageError(f"--adapter {','.join(s.adapter_names)}: no available adapter matched")
-    if any(a.name == "triton" for a in s.adapters):
-        # the bundled kernel on a CPU runs under the interpreter, which triton reads when first imported: switch
-        # it on now, before a property imports triton in this process (forked judges inherit the import)
-        from .adapters.triton_adapter import use_interpreter_if_needed
-
-        use_interpreter_if_needed()
+    for a in s.adapters:
+        # before any property runs in this process (forked judges inherit what it did): e.g. the bundled Triton
+        # kernel switches the interpreter on, which triton reads when it is first imported
+        if a.prepare is not None:
+            try:
+                a.prepare()
+            except Exception as e:
+                raise pytest.UsageError(f"--adapter {a.name}: its prepare() raised {type(e).__name__}: {e}") from None
 
 
 def _adapter_info(a, s: Settings) -> dict:

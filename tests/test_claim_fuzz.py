@@ -128,3 +128,16 @@ def test_a_property_whose_draws_are_all_refused_skips_with_the_reason(tmp_path):
         with pytest.raises(PropertySkipped) as ei:
             run_property(p, a, profile="ci", seed=0, max_examples=3, database=None, report_dir=str(tmp_path))
         assert "refuses every shape (fixture)" in str(ei.value) and "\n" not in str(ei.value), (p.name, str(ei.value))
+
+
+def test_the_correct_implementation_serves_the_cache_claims(tmp_path):
+    """The wide slice draws kv_cache / append claims: the correct implementation under the strict wrapper must be
+    naive's whole path (a cache call gathers each batch entry's keys), not its dense attention, which raised
+    'The size of tensor a (2) must match the size of tensor b (3)' on the corpus's cache of 3 rows for 2 entries."""
+    desc = {"dtypes": ["float32"], "devices": ["cpu"], "head_dims": [8], "max_seqlen": 128,
+            "causal": ["none", "bottom_right"], "window": False, "softcap": False, "alibi": False, "attn_mask": False,
+            "gqa": False, "varlen": False, "dropout": False, "backward": False, "lse": False, "dv_ne_d": False,
+            "deterministic": True, "fully_masked": "zeros", "tiles": None, "memory": "quadratic", "refuses": None,
+            "known": None, "kv_cache": True, "append": True}
+    rows = run_claim_set(desc, [get_property("kv_cache_append")], max_examples=2, report_dir=str(tmp_path))
+    assert [r["outcome"] for r in rows] == ["passed"], rows

@@ -132,10 +132,10 @@ def test_sdpa_claims_follow_the_torch_version_lazily(monkeypatch):
         assert sdpa_mod._claims("math").fully_masked == fm, tv
         old = "forward_matches_reference" in sdpa_mod._known_failures("flash")
         assert old is (tv < (2, 4)), tv
-    fresh = sdpa_mod._SdpaAdapter("flash", name="t", fn=lambda *a: None, claims=None)
-    assert fresh._claims_v is None  # nothing computed until asked
+    fresh = sdpa_mod._SdpaAdapter("flash", name="t", fn=lambda *a: None)
+    assert not fresh.resolved  # nothing computed until asked
     monkeypatch.setattr(sdpa_mod, "_torch_version", lambda: (2, 3))
-    assert fresh.claims.gqa is False and fresh._claims_v is not None
+    assert fresh.claims.gqa is False and fresh.resolved
     assert "fully_masked_rows" in fresh.known_failures and "fully_masked_rows" in fresh.known_patterns
 
 

@@ -12,7 +12,7 @@ def _seen_mask(monkeypatch, impl, mask):
         seen["mask"], seen["bias"] = mask, bias
         return torch.zeros(q.shape[:3] + v.shape[3:]), None
 
-    monkeypatch.setattr(ja, "_IMPL", impl)
+    monkeypatch.setattr(ja, "_impl", lambda: impl)
     monkeypatch.setattr(ja, "_call", fake_call)
     q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8)
     ja.jax_attention(q, k, k.clone(), Spec(attn_mask=mask))

@@ -383,10 +383,11 @@ def test_triton_adapter_switches_the_interpreter_on_at_first_call():
     and the kernel runs (so moving it out of import lost nothing)."""
     out = _in_fresh_python(
         "import os, torch\n"
-        "from attnverify.adapters.triton_adapter import triton, _CUDA\n"
+        "from attnverify.adapters.triton_adapter import triton\n"
+        "from attnverify.devices import cuda_present\n"
         "from attnverify.spec import Spec\n"
         "assert 'TRITON_INTERPRET' not in os.environ\n"
-        "if _CUDA:\n"
+        "if cuda_present():\n"
         "    print('skip')\n"
         "else:\n"
         "    assert triton.unavailable_reason() is None, triton.unavailable_reason()\n"

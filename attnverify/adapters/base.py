@@ -164,6 +164,12 @@ class Adapter:
     # Seconds one example may take at the least under subprocess isolation, whatever --attn-timeout says:
     # for adapters whose first call on a new shape compiles (torch.compile'd flex on a CPU: minutes).
     min_timeout: Optional[float] = None
+    # Called once before the run's first property, in the process that forks the judges (the plugin's session
+    # start): for what must happen before a library is first imported, e.g. switching the Triton interpreter on.
+    prepare: Optional[Callable[[], None]] = None
+    # Why `attnverify run` without --adapter leaves this built-in out on a machine without a GPU (its measured
+    # time there); None: it runs by default wherever it is available
+    on_request_cpu: Optional[str] = None
 
     def __call__(self, q, k, v, spec):
         with phase("adapter"):  # the example's time split (attnverify.timesplit); free when not timed
@@ -272,24 +278,52 @@ def validate_known_failures(name: str, known) -> Tuple[Dict[str, str], Dict[str,
     return reasons, patterns
 
 
-def adapter(name: str, *, description: str = "", availability=None, refuses=None, register: bool = True,
-            known_failures: Optional[Dict[str, Any]] = None, min_timeout: Optional[float] = None, **claims):
-    """Decorator: declare an attention implementation and what it claims (see SPEC.md)."""
-    if not isinstance(name, str) or not name or any(ch in name for ch in " ,:/"):
-        raise ValueError(f"attnverify.adapter(name={name!r}): a non-empty name without spaces, ',' ':' or '/'")
+def _validate_min_timeout(name: str, min_timeout) -> Optional[float]:
     if min_timeout is not None and not (isinstance(min_timeout, (int, float)) and not isinstance(min_timeout, bool)
                                         and 0 < min_timeout < float("inf")):
         raise ValueError(f"attnverify.adapter({name!r}, min_timeout={min_timeout!r}): give seconds > 0 (the least "
                          f"time one example may take, e.g. 600 for an adapter that compiles), or leave it out")
+    return None if min_timeout is None else float(min_timeout)
+
+
+def adapter(name: str, *, description: str = "", availability=None, refuses=None, register: bool = True,
+            known_failures: Optional[Dict[str, Any]] = None, min_timeout: Optional[float] = None,
+            deferred_claims: Optional[Callable[[], Dict[str, Any]]] = None,
+            prepare: Optional[Callable[[], None]] = None, on_request_cpu: Optional[str] = None, **claims):
+    """Decorator: declare an attention implementation and what it claims (see SPEC.md).
+
+    `deferred_claims`: a function returning more keywords (claims, `known_failures`, `min_timeout`) that
+    depend on the machine (a GPU present, a library's plugin installed); called once, on first use of the
+    adapter's claims, and merged over the keywords given here (attnverify/adapters/deferred.py).
+    `prepare`: a function called once at the run's start, before any property (e.g. switch an interpreter on).
+    `on_request_cpu`: why `attnverify run` without --adapter leaves this built-in out on a CPU-only machine."""
+    if not isinstance(name, str) or not name or any(ch in name for ch in " ,:/"):
+        raise ValueError(f"attnverify.adapter(name={name!r}): a non-empty name without spaces, ',' ':' or '/'")
+    timeout = _validate_min_timeout(name, min_timeout)
     c = _validate_claims(name, claims)
     known, patterns = validate_known_failures(name, known_failures)
+    if deferred_claims is not None and not callable(deferred_claims):
+        raise TypeError(f"attnverify.adapter({name!r}, deferred_claims={deferred_claims!r}): give a function "
+                        f"() -> dict of keywords (claims, known_failures, min_timeout), called on first use")
+    if prepare is not None and not callable(prepare):
+        raise TypeError(f"attnverify.adapter({name!r}, prepare={prepare!r}): give a function () -> None, called "
+                        f"once before the run's first property")
+    if on_request_cpu is not None and not (isinstance(on_request_cpu, str) and on_request_cpu.strip()):
+        raise ValueError(f"attnverify.adapter({name!r}, on_request_cpu={on_request_cpu!r}): give the reason, e.g. "
+                         f"'ci profile 229 s on a 2-core CPU', or leave it out")
 
     def wrap(fn):
         if not callable(fn):
             raise TypeError(f"attnverify.adapter({name!r}) must decorate a callable (q, k, v, spec)")
-        a = Adapter(name=name, fn=fn, claims=c, description=description or (fn.__doc__ or "").strip().split("\n")[0],
-                    availability=availability, refuses=refuses, known_failures=known, known_patterns=patterns,
-                    min_timeout=None if min_timeout is None else float(min_timeout))
+        kw = dict(name=name, fn=fn, description=description or (fn.__doc__ or "").strip().split("\n")[0],
+                  availability=availability, refuses=refuses, prepare=prepare, on_request_cpu=on_request_cpu)
+        if deferred_claims is None:
+            a = Adapter(claims=c, known_failures=known, known_patterns=patterns, min_timeout=timeout, **kw)
+        else:
+            from .deferred import DeferredAdapter
+
+            a = DeferredAdapter(deferred_claims, claims=claims, known_failures=known_failures,
+                                min_timeout=min_timeout, **kw)
         if register:
             from .registry import register_adapter
 

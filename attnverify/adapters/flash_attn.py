@@ -44,10 +44,8 @@ import torch
 from ..spec import Output, Spec
 from ._external import (bshd, dist_version, gpu_library_reason, last_dim_contiguous, segments, varlen_args,
                         version_tuple)
-from ..devices import cuda_present
 from .base import adapter
 
-_CUDA = cuda_present()  # NVML: no CUDA context, fork stays safe
 _KV_PAD = 64  # extra cache rows past cache_seqlens in flash-attn-kvcache
 _KV_GARBAGE = 3e4
 

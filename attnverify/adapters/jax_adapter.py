@@ -58,11 +58,25 @@ from ..devices import cuda_present
 from ._external import probe, segments
 from .base import adapter
 
-_CUDA_PLUGIN = any(importlib.util.find_spec(m) is not None for m in ("jax_cuda12_plugin", "jax_cuda13_plugin")) \
-    if importlib.util.find_spec("jax") is not None else False
-_IMPL = os.environ.get("ATTNVERIFY_JAX_IMPLEMENTATION") or ("cudnn" if (cuda_present() and _CUDA_PLUGIN) else "xla")
-_ON_GPU = cuda_present() and _CUDA_PLUGIN
 _AVAIL: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _machine() -> tuple:
+    """(implementation, on a GPU): asked on first use, not at import. On a GPU where torch sees one and JAX's CUDA
+    plugin is installed; the implementation "cudnn" there, else "xla", unless ATTNVERIFY_JAX_IMPLEMENTATION says."""
+    plugin = importlib.util.find_spec("jax") is not None and any(
+        importlib.util.find_spec(m) is not None for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+    on_gpu = bool(plugin and cuda_present())
+    return os.environ.get("ATTNVERIFY_JAX_IMPLEMENTATION") or ("cudnn" if on_gpu else "xla"), on_gpu
+
+
+def _impl() -> str:
+    return _machine()[0]
+
+
+def _on_gpu() -> bool:
+    return _machine()[1]
 
 _PROBE = r"""
 import inspect
@@ -91,7 +105,7 @@ def _available() -> Optional[str]:
     else:
         # in a child process: importing JAX and starting its backend here would make the forked
         # judges of attnverify.isolation inherit JAX's threads (and, on a GPU, its CUDA context)
-        ok, msg, _ = probe("jax", _PROBE % ("gpu" if _ON_GPU else "cpu"))
+        ok, msg, _ = probe("jax", _PROBE % ("gpu" if _on_gpu() else "cpu"))
         why = None if ok else msg
     _AVAIL["why"] = why
     return why
@@ -108,7 +122,7 @@ def _refuses(case) -> Optional[str]:
     s = case.spec
     lq, lk = case.q.shape[2], case.k.shape[2]
     if s.window is not None:
-        if _IMPL == "cudnn":
+        if _impl() == "cudnn":
             return "jax's cudnn implementation is not claimed with local_window_size"
         if s.is_varlen:
             if any(q1 - q0 != k1 - k0 for q0, q1, k0, k1 in segments(s)):
@@ -154,7 +168,7 @@ def _degenerate_bf16(q, k) -> bool:
     ElementalIrEmitter: ALG_DOT_BF16_BF16_F32"). Called eagerly, jax's own fallback to the default
     precision catches the error. docs/compatibility.md has the reproduction.
     """
-    return (not _ON_GPU and q.dtype == torch.bfloat16
+    return (not _on_gpu() and q.dtype == torch.bfloat16
             and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] == 1)
 
 
@@ -214,7 +228,7 @@ def _call(q, k, v, spec: Spec, mask=None, bias=None, q_len=None, kv_len=None):
     lk = k.shape[2]
     residual = bool(spec.return_lse)
     jitted, eager = _jitted(spec.causal == "top_left", _window(spec, lq, lk), float(spec.resolved_scale(d)), residual,
-                            _IMPL, mask is not None, bias is not None, q_len is not None)
+                            _impl(), mask is not None, bias is not None, q_len is not None)
     fn = eager if _degenerate_bf16(q, k) else jitted
     jq, jk, jv = (_to_jax(t.transpose(1, 2)) for t in (q, k, v))  # BTNH views
     jm = _to_jax(mask) if mask is not None else None
@@ -229,34 +243,35 @@ def _call(q, k, v, spec: Spec, mask=None, bias=None, q_len=None, kv_len=None):
 
 
 def _claims() -> dict:
-    if _IMPL == "cudnn":
+    """What depends on the machine (asked on first use): the cudnn implementation's narrower claims, or XLA's on
+    the device JAX runs on."""
+    on_gpu = _on_gpu()
+    if _impl() == "cudnn":
         return dict(dtypes=("float16", "bfloat16"), devices=("cuda",), head_dims=lambda d: d % 8 == 0 and 8 <= d <= 128,
                     window=False, lse=False, deterministic=False)
     # float16 on the CPU: under jax.jit the logits einsum asks for precision F16_F16_F32, which XLA's
     # CPU dot_general rejects at compile time ("not supported by dot_general on CPU"); the function's
     # try/except fallback to default precision only catches it when called eagerly -> not claimed
-    return dict(dtypes=("float16", "bfloat16", "float32") if _ON_GPU else ("bfloat16", "float32"),
-                devices=("cuda",) if _ON_GPU else ("cpu",),
-                head_dims=lambda d: 1 <= d <= 512, window=True, lse=True, deterministic=not _ON_GPU)
-
-
-_DTYPES = _claims()["dtypes"]
+    return dict(dtypes=("float16", "bfloat16", "float32") if on_gpu else ("bfloat16", "float32"),
+                devices=("cuda",) if on_gpu else ("cpu",),
+                head_dims=lambda d: 1 <= d <= 512, window=True, lse=True, deterministic=not on_gpu)
 
 
 @adapter(
     "jax",
-    description=f"jax.nn.dot_product_attention (implementation={_IMPL!r}) through DLPack",
+    description="jax.nn.dot_product_attention through DLPack (implementation 'xla'; 'cudnn' on a GPU with JAX's "
+                "CUDA plugin)",
     availability=_available,
     refuses=_refuses,
     max_seqlen=8192,
     causal=("none", "top_left"),
     softcap=False, alibi=False, attn_mask=True, gqa=True, varlen=True, dropout=False,
     backward=False, dv_ne_d=False, fully_masked="unsupported", memory="quadratic",
-    **_claims(),
+    deferred_claims=_claims,  # dtypes, devices, head_dims, window, lse, deterministic
 )
 def jax_attention(q, k, v, spec: Spec):
     """jax.nn.dot_product_attention."""
-    claimed = _DTYPES
+    claimed = jax_attention.claims.dtypes
     for name, t in (("q", q), ("k", k), ("v", v)):
         dname = str(t.dtype).replace("torch.", "")
         if dname not in claimed:  # JAX without x64 would silently compute float64 in float32
@@ -266,7 +281,7 @@ def jax_attention(q, k, v, spec: Spec):
         m = spec.attn_mask
         if m is not None:
             m4 = _mask4(m)
-            if _IMPL == "cudnn":
+            if _impl() == "cudnn":
                 # JAX documents masks broadcastable to (B, N, T, S), but its cuDNN path rejects a
                 # broadcast T or S ("Bias must have same seq length as QKV, got 2 and 1"; H200,
                 # jax 0.11.2, docs/compatibility.md F15): materialise those two dims

@@ -141,7 +141,8 @@ _COMMON = dict(devices=("cpu",), head_dims=lambda d: 1 <= d <= 512, max_seqlen=4
                attn_mask=True, gqa=True, dv_ne_d=False, fully_masked="unsupported", deterministic=True)
 
 
-@adapter("keras-torch", description="keras.ops.dot_product_attention, torch backend",
+@adapter("keras-torch", on_request_cpu="ci profile 383 s on a 2-core CPU",
+         description="keras.ops.dot_product_attention, torch backend",
          availability=_availability("torch"), refuses=_refuses, dtypes=_TORCH_DTYPES, backward=True,
          known_failures=_TORCH_FINDINGS, **_COMMON)
 def keras_torch(q, k, v, spec: Spec):
@@ -149,7 +150,8 @@ def keras_torch(q, k, v, spec: Spec):
     return _call(q, k, v, spec, "torch", _TORCH_DTYPES)
 
 
-@adapter("keras-jax", description="keras.ops.dot_product_attention, jax backend (through numpy)",
+@adapter("keras-jax", on_request_cpu="ci profile 2,032 s on a 2-core CPU (about 3 s an example)",
+         description="keras.ops.dot_product_attention, jax backend (through numpy)",
          availability=_availability("jax"), refuses=_refuses, dtypes=_JAX_DTYPES, known_failures=_JAX_FINDINGS,
          **_COMMON)
 def keras_jax(q, k, v, spec: Spec):

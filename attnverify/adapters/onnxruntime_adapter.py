@@ -149,6 +149,7 @@ def _attn_refuses(case) -> Optional[str]:
 
 @adapter(
     "onnx-attention",
+    on_request_cpu="ci profile 229 s on a 2-core CPU",
     description="ONNX Attention operator (opset 23/24) on onnxruntime's CPU execution provider",
     availability=_available, refuses=_attn_refuses, known_failures=_ATTN_FINDINGS,
     dtypes=_ATTN_DTYPES, devices=("cpu",), head_dims=lambda d: 1 <= d <= 512, max_seqlen=4096,
@@ -221,6 +222,7 @@ def _mha_refuses(case) -> Optional[str]:
 
 @adapter(
     "ort-mha",
+    on_request_cpu="ci profile 154 s on a 2-core CPU",
     description="onnxruntime com.microsoft MultiHeadAttention on the CPU execution provider",
     availability=_available, refuses=_mha_refuses,
     dtypes=_CONTRIB_DTYPES, devices=("cpu",), head_dims=lambda d: 1 <= d <= 512, max_seqlen=4096,

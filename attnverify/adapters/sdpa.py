@@ -19,7 +19,8 @@ import torch
 from ..spec import Spec
 from ._findings import DIFFERENT_KV, NAN_Q_ROW_SWALLOWED
 from ._sdpa_cuda_findings import CUDA_FINDINGS
-from .base import Adapter, Claims, _validate_claims, validate_known_failures
+from .base import Adapter, Claims, _validate_claims
+from .deferred import DeferredAdapter
 from .registry import register_adapter
 from ..devices import cuda_present
 
@@ -73,6 +74,10 @@ def _torch_version():
 
 def _claims(backend: str) -> Claims:
     """The claims of one backend for the torch installed and the device present (computed on first use)."""
+    return _validate_claims(f"sdpa-{backend}", _claim_keywords(backend))
+
+
+def _claim_keywords(backend: str) -> dict:
     cuda = cuda_present()
     tv = _torch_version()
     base = dict(
@@ -97,7 +102,7 @@ def _claims(backend: str) -> Claims:
         # torch 2.5.1 (CPU): the flash kernel refuses enable_gqa ("No available kernel", 2.5.1 run of issue 24);
         # 2.13 accepts it
         base["gqa"] = False
-    return _validate_claims(f"sdpa-{backend}", base)
+    return base
 
 
 def _availability(backend: str):
@@ -246,46 +251,13 @@ def _known_failures(backend: str) -> dict:
     return known
 
 
-class _SdpaAdapter(Adapter):
+class _SdpaAdapter(DeferredAdapter):
     """An SDPA adapter whose claims and known findings follow the installed torch and the device present:
     computed on first use, not at import (nothing here asks torch or NVML anything before a run needs it)."""
 
     def __init__(self, backend: str, **kw):
-        self._backend, self._claims_v, self._known_v = backend, None, None
-        super().__init__(**kw)
-
-    @property
-    def claims(self) -> Claims:
-        if self._claims_v is None:
-            self._claims_v = _claims(self._backend)
-        return self._claims_v
-
-    @claims.setter
-    def claims(self, value) -> None:  # the dataclass __init__ assigns None: computed on first use
-        self._claims_v = value
-
-    def _known(self):
-        if self._known_v is None:
-            self._known_v = validate_known_failures(self.name, _known_failures(self._backend))
-        return self._known_v
-
-    @property
-    def known_failures(self):
-        return self._known()[0]
-
-    @known_failures.setter
-    def known_failures(self, value) -> None:
-        if value:
-            self._known_v = (dict(value), dict(self._known_v[1]) if self._known_v else {})
-
-    @property
-    def known_patterns(self):
-        return self._known()[1]
-
-    @known_patterns.setter
-    def known_patterns(self, value) -> None:
-        if value:
-            self._known_v = (self._known()[0], dict(value))
+        self._backend = backend
+        super().__init__(lambda: dict(_claim_keywords(backend), known_failures=_known_failures(backend)), **kw)
 
 
 def _make(name: str, backend: str, description: str) -> Adapter:
@@ -293,7 +265,6 @@ def _make(name: str, backend: str, description: str) -> Adapter:
         backend,
         name=name,
         fn=lambda q, k, v, spec: _call(q, k, v, spec, backend),
-        claims=None,
         description=description,
         availability=_availability(backend),
         refuses=_refuses(backend),

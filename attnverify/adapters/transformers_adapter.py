@@ -147,7 +147,8 @@ _COMMON = dict(devices=("cpu", "cuda"), head_dims=lambda d: 1 <= d <= 512, max_s
                attn_mask=True, gqa=True, backward=True, dv_ne_d=True, fully_masked="unsupported", deterministic=True)
 
 
-@adapter("hf-sdpa", description="transformers sdpa_attention_forward (ALL_ATTENTION_FUNCTIONS['sdpa'])",
+@adapter("hf-sdpa", on_request_cpu="ci profile 212 s on a 2-core CPU",
+         description="transformers sdpa_attention_forward (ALL_ATTENTION_FUNCTIONS['sdpa'])",
          availability=_available, refuses=_refuses(True), causal=("none", "top_left", "bottom_right"), dtypes=_DTYPES,
          known_failures=_SDPA_FINDINGS, **_COMMON)
 def hf_sdpa(q, k, v, spec: Spec):
@@ -155,7 +156,8 @@ def hf_sdpa(q, k, v, spec: Spec):
     return _call(q, k, v, spec, sdpa=True)
 
 
-@adapter("hf-eager", description="transformers eager_attention_forward (modeling_llama), float masks",
+@adapter("hf-eager", on_request_cpu="ci profile 288 s on a 2-core CPU",
+         description="transformers eager_attention_forward (modeling_llama), float masks",
          availability=_available, refuses=_refuses(False), causal=("none", "top_left", "bottom_right"),
          dtypes=_EAGER_DTYPES, known_failures=_EAGER_FINDINGS, **_COMMON)
 def hf_eager(q, k, v, spec: Spec):

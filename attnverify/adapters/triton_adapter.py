@@ -27,14 +27,13 @@ from ..spec import Output, Spec
 from .base import adapter
 from ..devices import cuda_present
 
-_CUDA = cuda_present()  # NVML: no CUDA context, fork stays safe
 _TILES = (64, 64)  # kernels.launch.default_config / INTERPRETER_CONFIG
 
 
 def _interpreter_switchable() -> bool:
     """Without a GPU the kernels can only run under the interpreter, which Triton reads when it is first
     imported: it can still be switched on if nobody decided otherwise and triton is not loaded yet."""
-    return not _CUDA and "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules
+    return not cuda_present() and "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules
 
 
 def use_interpreter_if_needed() -> None:
@@ -54,10 +53,16 @@ def _availability():
         return f"triton {tv} is older than the supported 3.6 (pip install 'attnverify[triton]')"
     if _interpreter_switchable():
         return None  # switched on at the first call
-    if not _CUDA and os.environ.get("TRITON_INTERPRET", "0") != "1":
+    if not cuda_present() and os.environ.get("TRITON_INTERPRET", "0") != "1":
         return ("no CUDA GPU here and the Triton interpreter is off (export TRITON_INTERPRET=1 before "
                 "anything imports triton to run on the CPU)")
     return None
+
+
+def _machine_claims() -> dict:
+    """Asked on first use, not at import (NVML: no CUDA context, fork stays safe)."""
+    cuda = cuda_present()
+    return dict(devices=("cuda",) if cuda else ("cpu",), max_seqlen=16384 if cuda else 4096)
 
 
 def _refuses(case):
@@ -73,10 +78,10 @@ def _refuses(case):
     description="bundled Triton FlashAttention-2 kernel (attnverify.kernels), forward and backward",
     availability=_availability,
     refuses=_refuses,
+    prepare=use_interpreter_if_needed,  # the plugin calls it at the run's start, before a property imports triton
     dtypes=("float16", "bfloat16", "float32"),
-    devices=("cuda",) if _CUDA else ("cpu",),
+    deferred_claims=_machine_claims,  # devices, max_seqlen
     head_dims=lambda d: 1 <= d <= 256,
-    max_seqlen=16384 if _CUDA else 4096,
     causal=("none", "top_left", "bottom_right"),
     window=True,
     softcap=True,

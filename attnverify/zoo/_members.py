@@ -37,12 +37,16 @@ class ZooMember:
         return self.adapter.unavailable_reason()
 
 
-_CUDA = cuda_present()
+def _triton_devices() -> dict:
+    """The Triton members' device: CUDA where there is one, else the CPU (interpreter); asked on first use."""
+    return dict(devices=("cuda",) if cuda_present() else ("cpu",))
+
 
 # A Triton FlashAttention-2 forward (tutorial-derived): half and fp32 inputs, power-of-two head
-# dims, SDPA's top-left causal, GQA, LSE out, one fixed tile config, no masks, forward only.
+# dims, SDPA's top-left causal, GQA, LSE out, one fixed tile config, no masks, forward only
+# (devices: _triton_devices).
 TRITON = dict(
-    dtypes=("float16", "bfloat16", "float32"), devices=("cuda",) if _CUDA else ("cpu",), head_dims=(16, 32, 64, 128),
+    dtypes=("float16", "bfloat16", "float32"), head_dims=(16, 32, 64, 128),
     max_seqlen=4096, causal=("none", "top_left"), gqa=True, lse=True, deterministic=True,
     tiles=(BLOCK_M, BLOCK_N), fully_masked="unsupported", memory="linear",
 )
@@ -76,7 +80,7 @@ def _triton_member(name, bug, **over):
     claims = dict(TRITON, **over)
 
     @adapter(f"zoo-{name}", register=False, availability=triton_unavailable,
-             description=f"zoo (Triton): {bug}", **claims)
+             description=f"zoo (Triton): {bug}", deferred_claims=_triton_devices, **claims)
     def impl(q, k, v, spec):
         return zoo_flash_forward(q, k, v, spec, bug=bug)
 

@@ -158,8 +158,11 @@ def _chunked(fn, q, k, v, spec, rows: int = 64):
 
 
 def _plain(spec) -> bool:
+    # (a cache call gathers its keys per batch entry, and chunked local attention is a visibility rule of its
+    # own: neither is the plain causal-or-not call whose rows the chunks rebuild)
     return (spec.attn_mask is None and spec.alibi_slopes is None and not spec.is_varlen and spec.window is None
-            and spec.softcap is None and spec.dropout_p == 0)
+            and spec.softcap is None and spec.dropout_p == 0 and spec.cache_seqlens is None
+            and spec.attention_chunk is None)
 
 
 def _wrong(q, k, v, spec, bug: str):
