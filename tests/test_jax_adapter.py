@@ -14,7 +14,8 @@ def _seen_mask(monkeypatch, impl, mask):
 
     monkeypatch.setattr(ja, "_impl", lambda: impl)
     monkeypatch.setattr(ja, "_call", fake_call)
-    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8)
+    # bfloat16: claimed by both implementations (the claims are computed once, on first use, whatever _impl says later)
+    q, k = torch.randn(1, 2, 3, 8, dtype=torch.bfloat16), torch.randn(1, 2, 5, 8, dtype=torch.bfloat16)
     ja.jax_attention(q, k, k.clone(), Spec(attn_mask=mask))
     return seen
 

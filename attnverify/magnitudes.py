@@ -1,0 +1,116 @@
+"""The case's magnitudes that tolerances are scaled by: S (a bound on |score|), each output's scale floor, and
+the row level an additive bias (ALiBi, a float mask) can move a row's largest score to. Used by `check` and
+by every property that judges against the reference."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .case import Case
+from .fp8 import descaled
+from .reference import reference_forward
+from .spec import Spec
+
+
+def _rms(t: torch.Tensor) -> float:
+    t = t.detach().double()
+    t = torch.where(torch.isfinite(t), t, torch.zeros_like(t))
+    return float(t.norm() / math.sqrt(max(1, t.numel())))
+
+
+def magnitudes(case: Case) -> dict:
+    """S (a bound on |score|) and floors for each tensor's scale from the inputs' magnitudes.
+
+    dQ and dK are sums of P * (dP - delta) terms that cancel: their rounding is set by the size of
+    the terms (scale * |dO| |V| sqrt(Dv) |K|), not by the (possibly zero) result."""
+    q, k, v, _ = descaled(case.q.detach(), case.k.detach(), case.v.detach(), case.spec)  # float64, descales applied
+
+    def fin(t):
+        return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
+
+    q, k, v = fin(q), fin(k), fin(v)
+    scale = case.spec.resolved_scale(q.shape[-1])
+    qn = float(q.norm(dim=-1).max()) if q.numel() else 0.0
+    kn = float(k.norm(dim=-1).max()) if k.numel() else 0.0
+    S = abs(scale) * qn * kn
+    if case.spec.softcap is not None:
+        S = _capped_score_sensitivity(q, k, scale, case.spec.softcap)
+    dp = _rms(v) * math.sqrt(v.shape[-1])  # |dP| for a unit-RMS upstream gradient
+    return {
+        "S": S,
+        "out": 0.5 * _rms(v),
+        "dq": 0.25 * abs(scale) * dp * _rms(k),
+        # dK_j sums the cancelling terms of every query that sees key j: with Lq >> Lk (Lk = 1 gives
+        # dK = 0 exactly) their rounding grows like sqrt(Lq / Lk)
+        "dk": 0.25 * abs(scale) * dp * _rms(q) * math.sqrt(max(1.0, q.shape[2] / max(1, k.shape[2]))),
+        "dv": 0.0,
+        "lse": 1.0,
+    }
+
+
+def score_bound(case: Case, ref_lse: Optional[torch.Tensor] = None) -> float:
+    """S for tolerance_for: magnitudes' S, raised to the row level where an additive bias is present
+    (biased_row_level; the reference's LSE is computed here when it is not given)."""
+    S = magnitudes(case)["S"]
+    if not _additive_bias(case.spec):
+        return S
+    if ref_lse is None:
+        ref_lse = reference_forward(case.q, case.k, case.v, case.spec).lse
+    return max(S, biased_row_level(case, ref_lse))
+
+
+def _additive_bias(spec: Spec) -> bool:
+    """Whether a bias can move a row's level: ALiBi, or a float mask with a finite nonzero entry (a mask of
+    0 and -inf only hides keys)."""
+    if spec.alibi_slopes is not None:
+        return True
+    m = spec.attn_mask
+    if m is None or m.dtype == torch.bool:
+        return False
+    fin = m[torch.isfinite(m)]
+    return bool(fin.numel()) and bool((fin != 0).any())
+
+
+def row_levels(case: Case, ref_lse: torch.Tensor) -> Optional[torch.Tensor]:
+    """Per query row (B, H, Lq, on the CPU): |lse| + log(Lk), a bound on |m| (see biased_row_level); 0 on
+    rows without a finite LSE; None when no additive bias is present."""
+    if not _additive_bias(case.spec):
+        return None
+    lse = ref_lse.detach().double().cpu()
+    return torch.where(torch.isfinite(lse), lse.abs() + math.log(max(1, case.k.shape[2])), torch.zeros_like(lse))
+
+
+def biased_row_level(case: Case, ref_lse: torch.Tensor) -> float:
+    """A bound on |m_i| (a row's largest score) where an additive bias (ALiBi, a float mask) moves it.
+
+    P = exp(s - m) is rounded like u (|s| + |m|), and for the keys that carry the weight s ~ m, so its error
+    grows with the row's level |m|, which scale |q| |k| (magnitudes' S) does not bound once a bias is
+    added: a varlen ALiBi row whose visible keys all sit ~400 positions back has m ~ -185, and float64
+    naive on the H200 differed from the float64 reference by 120 u there. m <= lse <= m + log(Lk), so
+    |m| <= |lse| + log(Lk). 0 when no additive bias is present (S already bounds |m|)."""
+    levels = row_levels(case, ref_lse)
+    return 0.0 if levels is None or not levels.numel() else float(levels.max())
+
+
+def _capped_score_sensitivity(q: torch.Tensor, k: torch.Tensor, scale: float, cap: float) -> float:
+    """S for a softcapped case: max over (i, j) of scale |q_i| |k_j| sech^2(x_ij / cap), and at least cap.
+
+    A capped score c tanh(x / c) is bounded by c, but the rounding of x = scale q.k (about u |q| |k|)
+    is not: it passes through the cap's slope sech^2(x / c), which is ~1 wherever |x| << c. Bounding S
+    by c alone judged fp32 kernels at large |q| |k| by a bound 100x below their rounding."""
+    if q.numel() == 0 or k.numel() == 0:
+        return float(cap)
+    if k.shape[1] != q.shape[1] and q.shape[1] % k.shape[1] == 0:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    kt, kn = k.transpose(-1, -2), k.norm(dim=-1)[..., None, :]
+    qn = q.norm(dim=-1)
+    rows = max(1, (1 << 24) // max(1, q.shape[0] * q.shape[1] * k.shape[2]))  # bounded memory per chunk
+    best = 0.0
+    for i in range(0, q.shape[2], rows):
+        y = (abs(scale) / cap) * (q[:, :, i:i + rows] @ kt).abs()
+        e = torch.exp(-2.0 * y)
+        sech2 = 4.0 * e / (1.0 + e) ** 2
+        best = max(best, float((abs(scale) * qn[:, :, i:i + rows, None] * kn * sech2).max()))
+    return max(float(cap), best)
