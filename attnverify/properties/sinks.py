@@ -210,6 +210,9 @@ class SinkLimits(SinkProperty):
             out = {"out[sinks=-inf]": (got_off["out"], exp_off["out"].double().cpu())}
             ref_plain = reference_forward(plain.q, plain.k, plain.v, plain.spec)
             empty = torch.isneginf(ref_plain.lse).cpu()  # rows without a visible key (B, Hq, Lq); judged on the CPU
+            # a head whose sink is -inf has no sink: its keyless rows are plain fully-masked rows, which follow the
+            # adapter's fully_masked convention (NaN allowed), judged by fully_masked_rows, not here
+            empty &= torch.isfinite(c.spec.sinks.detach().cpu())[None, :, None]
             if c.spec.is_varlen:  # rows past the last segment belong to no sequence: not judged
                 last = int(torch.as_tensor(c.spec.cu_seqlens_q)[-1])
                 empty[:, :, last:] = False
