@@ -196,6 +196,25 @@ def test_lse_merge_rejects_a_base2_lse_and_a_missing_scale():
     _run("lse_merge", _naive_like("mine-ok", lambda q, k, v, s: get("naive")(q, k, v, s)))
 
 
+def test_lse_merge_keeps_its_key_subsets_within_the_adapters_refuses():
+    """The wide claim-set fuzz: lse_merge called an adapter on key subsets its `refuses` rejects. A user's kernel
+    that takes only Lk >= 8 (and fails loudly on anything shorter) is never called on a shorter subset: those
+    examples skip, saying why, and the others pass."""
+    shorter = []
+
+    def only_long(q, k, v, spec):
+        if k.shape[2] < 8:
+            shorter.append(k.shape[2])
+            raise AssertionError(f"called with Lk={k.shape[2]} < 8")
+        return get("naive")(q, k, v, spec)
+
+    a = _naive_like("mine-long-keys", only_long,
+                    refuses=lambda case: "needs Lk >= 8" if case.k.shape[2] < 8 else None)
+    run = _run("lse_merge", a, max_examples=15)
+    assert not shorter, shorter
+    assert run.statuses.get("passed", 0) >= 1 and run.statuses.get("error", 0) == 0, run.statuses
+
+
 def test_batch_invariance_rejects_batch_dependent_results():
     def first_len(q, k, v, spec):  # every request uses the first request's length
         s = spec.replace(cache_seqlens=spec.cache_seqlens[:1].expand(spec.cache_seqlens.shape[0]).contiguous())

@@ -17,6 +17,7 @@ from ..compare import error_stats
 from ..reference import reference_forward
 from ..reference.paged import cache_after, cache_keys, plain_spec
 from ..strategies import cache_cases, cache_corpus, page_size_choices
+from ._within import ensure_claimed
 from ._props import CaseProperty
 from ..verdicts import compare_pairs, severity
 from .base import ExampleResult
@@ -25,7 +26,10 @@ Pairs = Dict[str, Tuple[torch.Tensor, torch.Tensor]]
 
 
 def run(adapter, q, k, v, spec) -> dict:
-    """One call without gradients: {"out", "lse"?} detached."""
+    """One call without gradients: {"out", "lse"?} detached. Raises Refused (the example is skipped, saying why)
+    when the adapter does not claim the call: a property's derived calls (lse_merge's key subsets, say) stay
+    within its claims and its `refuses`."""
+    ensure_claimed(adapter, q, k, v, spec)
     with torch.no_grad():
         out, lse, _ = unpack_output(adapter(q, k, v, spec))
     res = {"out": out.detach()}
