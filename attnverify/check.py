@@ -16,7 +16,7 @@ from .callable_module import make_callable
 from .case import Case
 from .compare import Comparison, compare, error_stats
 from .fp8 import is_fp8
-from .magnitudes import magnitudes, row_levels, score_bound  # noqa: F401 (score_bound: also imported from here)
+from .magnitudes import magnitudes, row_levels
 from .reference import reference_backward, reference_forward
 from .spec import Output
 from .tolerances import SCORE_U, UNIT_ROUNDOFF, expected_rounding, tolerance_for

@@ -81,7 +81,7 @@ def compare_pairs(
 
     A pair's name is "<output>[:label]" (out, lse, dq, dk, dv; any other output is judged like out); LSE is
     judged at float32. `baseline`: name -> (rel_l2, max_abs) of the same-dtype eager implementation under
-    the same change, widening the bound. `scale_floors`: check.magnitudes(case). `missing`: an expected
+    the same change, widening the bound. `scale_floors`: magnitudes.magnitudes(case). `missing`: an expected
     value that is not a tensor "fail"s the pair or is "skip"ped."""
     if missing not in ("fail", "skip"):
         raise ValueError(f"compare_pairs(missing={missing!r}): expected 'fail' or 'skip'")

@@ -7,7 +7,8 @@ import dataclasses
 import torch
 from hypothesis import strategies as st
 
-from attnverify.check import magnitudes, score_bound, unpack_output
+from attnverify.check import unpack_output
+from attnverify.magnitudes import magnitudes, score_bound
 from attnverify.compare import compare, error_stats
 from attnverify.properties import CaseProperty, ExampleResult, MetamorphicProperty
 from attnverify.properties._props import _call

@@ -299,7 +299,7 @@ def test_softcap_score_rounding_is_judged_through_the_cap_and_tf32_is_still_caug
     r = av.CaseRecipe(heads_q=2, len_q=64, len_k=96, head_dim=72, dtype="float32", seed=3, q_std=3.2, k_std=3.2,
                       scale=0.5, softcap=0.5)
     case = av.build_case(r)
-    from attnverify.check import magnitudes
+    from attnverify.magnitudes import magnitudes
 
     S = magnitudes(case)["S"]
     norms = 0.5 * float(case.q.norm(dim=-1).max()) * float(case.k.norm(dim=-1).max())
@@ -343,7 +343,7 @@ def test_an_additive_bias_that_lifts_every_score_is_judged_at_the_rows_level(dty
 def test_score_bound_is_the_one_rule_for_every_comparison():
     """check() and the properties that compare an adapter with itself (batch, GQA, interleaving) share
     score_bound: S from |q||k| alone without a bias, the reference rows' level with one."""
-    from attnverify.check import magnitudes, score_bound
+    from attnverify.magnitudes import magnitudes, score_bound
 
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, n, 16, generator=g, dtype=torch.float64) for n in (8, 12, 12))

@@ -31,7 +31,8 @@ from typing import List, Optional
 import torch
 
 from ..case import DTYPES
-from ..check import magnitudes, score_bound, unpack_output
+from ..check import unpack_output
+from ..magnitudes import magnitudes, score_bound
 from ..compare import compare, error_stats
 from ..reference import reference_forward
 from ..tolerances import tolerance_for

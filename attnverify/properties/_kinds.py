@@ -13,7 +13,7 @@ from ..case import Case, CaseRecipe, build_case
 from ..check import unclaimed, unpack_output
 from ..compare import error_stats
 from ..strategies import attention_cases, corpus
-from ..check import magnitudes, score_bound
+from ..magnitudes import magnitudes, score_bound
 from ..timesplit import phase
 from ..verdicts import compare_pairs, comparison_verdict
 from ._within import Refused, ensure_claimed

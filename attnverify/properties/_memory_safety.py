@@ -8,7 +8,8 @@ from typing import Any, Dict, List, Optional
 import torch
 from hypothesis import strategies as st
 
-from ..check import bitwise_equal, check, magnitudes, score_bound, unclaimed, unpack_output
+from ..check import bitwise_equal, check, unclaimed, unpack_output
+from ..magnitudes import magnitudes, score_bound
 from ..compare import compare, error_stats
 from ..reference import reference_forward
 from ..tolerances import tolerance_for

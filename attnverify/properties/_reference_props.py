@@ -11,7 +11,7 @@ from ..compare import compare, error_stats
 from ..reference import reference_forward
 from ..strategies import fully_masked_row_count
 from ..tolerances import tolerance_for
-from ..check import magnitudes, score_bound
+from ..magnitudes import magnitudes, score_bound
 from ..verdicts import severity
 from ._within import none_first
 from .base import ExampleResult

@@ -8,7 +8,8 @@ import torch
 from hypothesis import strategies as st
 
 from ..case import Case, CaseRecipe, build_case
-from ..check import magnitudes, score_bound, unclaimed, unpack_output
+from ..check import unclaimed, unpack_output
+from ..magnitudes import magnitudes, score_bound
 from ..compare import error_stats
 from ..verdicts import bitwise_difference, compare_pairs, comparison_verdict
 from ._props import MetamorphicProperty, _call

@@ -12,7 +12,8 @@ import torch
 from hypothesis import strategies as st
 
 from ..case import Case, CaseRecipe
-from ..check import bitwise_equal, magnitudes, score_bound, unclaimed, unpack_output
+from ..check import bitwise_equal, unclaimed, unpack_output
+from ..magnitudes import magnitudes, score_bound
 from ..compare import error_stats
 from ..reference import reference_forward
 from ..reference.paged import cache_after, cache_keys, plain_spec
