@@ -106,6 +106,26 @@ def pytest_args_for_run(ns, extra: List[str], *, gpu: Optional[bool] = None, out
     return args + list(extra)
 
 
+# options users reach for that `run` spells differently; anything else unknown goes on to pytest
+RUN_OPTION_SPELLINGS = {
+    "--out": "--report", "--output": "--report", "--output-dir": "--report", "--reports": "--report",
+    "--report-dir": "--report", "--adapters": "--adapter", "--examples": "--max-examples",
+    "--max_examples": "--max-examples", "--workers": "-n", "--jobs": "-n", "--dev": "--profile dev",
+    "--ci": "--profile ci", "--thorough": "--profile thorough", "--gpu": "--device cuda",
+    "--cuda": "--device cuda", "--cpu": "--device cpu",
+}
+
+
+def run_option_misspellings(unknown: List[str]) -> Optional[str]:
+    """A usage error naming the fix for an option `run` spells differently, else None (pytest's turn)."""
+    for arg in unknown:
+        name = arg.split("=", 1)[0]
+        if name in RUN_OPTION_SPELLINGS:
+            return (f"unknown option {name}: did you mean {RUN_OPTION_SPELLINGS[name]}? "
+                    "(`attnverify run --help` lists run's options; anything after `--` goes to pytest as written)")
+    return None
+
+
 def cmd_run(ns, extra: List[str]) -> int:
     import pytest
 
@@ -413,6 +433,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"attnverify {ns.cmd}: unrecognized arguments: {' '.join(unknown)}", file=sys.stderr)
         return EXIT_USAGE
     try:
+        if ns.cmd == "run" and run_option_misspellings(unknown):
+            raise CliUsageError(run_option_misspellings(unknown))
         if ns.cmd == "run" and ns.ray is not None:
             from .ray_run import RayUnavailable, cmd_run_ray
 

@@ -96,3 +96,19 @@ def test_repro_of_a_case_file_without_property_uses_check(tmp_path, capsys):
     assert cli.main(["repro", path]) == 0
     out = capsys.readouterr().out
     assert "HELD" in out and "out" in out
+
+
+def test_run_names_the_fix_for_an_option_it_spells_differently(capsys, monkeypatch):
+    # `--out` reached pytest and came back as a bare "unrecognized arguments"; now the usage error names
+    # run's spelling, and pytest is never started (monkeypatched to fail loudly if it is)
+    monkeypatch.setattr(cli, "cmd_run", lambda ns, extra: (_ for _ in ()).throw(AssertionError("ran pytest")))
+    assert cli.main(["run", "--adapter", "naive", "--out", "r"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--out" in err and "did you mean --report" in err
+    assert cli.main(["run", "--examples=5"]) == cli.EXIT_USAGE
+    assert "did you mean --max-examples" in capsys.readouterr().err
+    # an option pytest knows still goes through to it, and so does anything after `--`
+    calls = []
+    monkeypatch.setattr(cli, "cmd_run", lambda ns, extra: calls.append(extra) or 0)
+    assert cli.main(["run", "--adapter", "naive", "-x", "--", "--out", "r"]) == 0
+    assert calls == [["-x", "--out", "r"]]
