@@ -52,9 +52,9 @@ def value_class(x, specialize: bool):
 class Recorder:
     """Stands in for a @triton.jit kernel: records the key of each launch, runs nothing."""
 
-    def __init__(self, real, nospec: tuple, keys: set):
+    def __init__(self, real, nospec: tuple, keys: set, one_align_flag: bool = False):
         self.sig = inspect.signature(real.fn)
-        self.nospec, self.keys = set(nospec), keys
+        self.nospec, self.keys, self.one_flag = set(nospec), keys, one_align_flag
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
@@ -62,12 +62,19 @@ class Recorder:
             bound = self.sig.bind(*args, **kwargs)
             bound.apply_defaults()
             key = []
+            strides = [(n, x) for n, x in bound.arguments.items()  # the strides of tiles (not LSE, dLSE, slopes)
+                       if n.startswith("stride_") and not n.startswith(("stride_l", "stride_dl", "stride_a"))]
             for name, x in bound.arguments.items():
                 ann = self.sig.parameters[name].annotation
                 if "constexpr" in str(ann):
                     key.append((name, repr(x)))
+                elif self.one_flag and name.startswith("stride_"):
+                    key.append((name, value_class(x, False)))
                 else:
                     key.append((name, value_class(x, name not in self.nospec)))
+            if self.one_flag:  # what a kernel taking one ALIGNED constexpr (and tl.multiple_of) would see
+                key.append(("ALIGNED", all(x % 8 == 0 for n, x in strides if not n.endswith(("k", "ok", "dok")))
+                            and all(x == 1 for n, x in strides if n.endswith("k"))))
             self.keys.add((tuple(key), tuple(sorted(extra.items()))))
         return launch
 
@@ -92,7 +99,7 @@ def draw_recipes(profile: str, n: int, seed: int) -> list:
     return out
 
 
-def count(recipes, nospec: bool) -> dict:
+def count(recipes, nospec: bool, one_align_flag: bool = False) -> dict:
     from dataclasses import replace
 
     import torch
@@ -107,7 +114,7 @@ def count(recipes, nospec: bool) -> dict:
         m = mods[mod]
         for attr, names in ((name, dns), (name + "_nospec", dns + getattr(m, twin))):
             saved[(m, attr)] = getattr(m, attr)
-            setattr(m, attr, Recorder(saved[(m, attr)], names, keys[name]))
+            setattr(m, attr, Recorder(saved[(m, attr)], names, keys[name], one_align_flag))
     skipped = 0
     try:
         for r in recipes:
@@ -150,12 +157,14 @@ def main(argv=None) -> int:
     recipes = draw_recipes(a.profile, a.examples, a.seed)
     base, skipped = count(recipes, False)
     twin, _ = count(recipes, True)
+    flag, _ = count(recipes, True, True)
     print(f"{len(recipes)} cases drawn ({a.profile} profile, seed {a.seed}); {skipped} refused by the launcher")
-    print("| kernel | distinct keys, default | distinct keys, nospec |")
-    print("|---|---|---|")
+    print("| kernel | distinct keys, default | nospec | nospec + strides as one ALIGNED flag (not built) |")
+    print("|---|---|---|---|")
     for name in KERNELS:
-        print(f"| {name} | {len(base[name])} | {len(twin[name])} |")
-    print(f"| all | {sum(len(x) for x in base.values())} | {sum(len(x) for x in twin.values())} |")
+        print(f"| {name} | {len(base[name])} | {len(twin[name])} | {len(flag[name])} |")
+    print(f"| all | {sum(len(x) for x in base.values())} | {sum(len(x) for x in twin.values())} | "
+          f"{sum(len(x) for x in flag.values())} |")
     for name in ("_attn_fwd", "_bwd_dkdv"):
         print(f"{name}, nospec: arguments whose value class varies (distinct values): "
               + ", ".join(f"{n} {c}" for n, c in sorted(varying(twin[name]).items(), key=lambda x: -x[1])))

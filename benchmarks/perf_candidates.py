@@ -148,8 +148,6 @@ def main(argv=None) -> int:
     if not a.smoke and not torch.cuda.is_available():
         print("perf_candidates: needs a CUDA GPU (torch.cuda.is_available() is False)")
         return 2
-    import triton
-
     t0 = time.time()
     os.makedirs(a.out, exist_ok=True)
     groups = a.groups.split(",")
@@ -158,7 +156,9 @@ def main(argv=None) -> int:
                    for nm, tx in candidates(g).items()})
     import multiprocessing as mp
 
-    with ProcessPoolExecutor(a.jobs, mp_context=mp.get_context("spawn")) as ex:
+    # a fresh process per job: a kernel that faults cannot poison the CUDA context of the jobs after it
+    per_child = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
+    with ProcessPoolExecutor(a.jobs, mp_context=mp.get_context("spawn"), **per_child) as ex:
         checked = {j[:5]: (e, err) for j, e, err in ex.map(_check_one, jobs)}
     print(f"# compiled and checked {len(jobs)} candidate specialisations in {time.time() - t0:.0f} s", flush=True)
 
@@ -181,16 +181,25 @@ def main(argv=None) -> int:
             if size["dev"] == "cuda":
                 torch.cuda.empty_cache()
         print(f"# round {r + 1} done at {time.time() - t0:.0f} s", flush=True)
+        write(a.out, rows, size, t0)  # after every round: a later failure keeps what was measured
+    print(write(a.out, rows, size, t0))
+    return 0
+
+
+def write(out_dir, rows, size, t0) -> str:
+    import torch
+    import triton
+
     report = summarise(rows)
-    meta = dict(device=torch.cuda.get_device_name() if size["dev"] == "cuda" else "cpu (smoke)", torch=torch.__version__, triton=triton.__version__,
+    meta = dict(device=torch.cuda.get_device_name() if size["dev"] == "cuda" else "cpu (smoke)",
+                torch=torch.__version__, triton=triton.__version__,
                 date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), seconds=round(time.time() - t0))
-    with open(os.path.join(a.out, "perf_candidates.json"), "w") as f:
+    with open(os.path.join(out_dir, "perf_candidates.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows, recommendation=report["recommend"]), f, indent=1, default=str)
     md = f"# perf_candidates {meta}\n\n" + report["text"]
-    with open(os.path.join(a.out, "perf_candidates.md"), "w") as f:
+    with open(os.path.join(out_dir, "perf_candidates.md"), "w") as f:
         f.write(md)
-    print(md)
-    return 0
+    return md
 
 
 def time_row(row, rep, rng, size):
@@ -233,9 +242,13 @@ def time_row(row, rep, rng, size):
             o, lse, p = launch.forward(q, k, v, spec, config=cfg)
             return launch.backward(q, k, v, o, lse, do, None, spec, prep=p, config=cfg)
 
-        cd["fwd"].append(fl / _time(fwd, rep, size["dev"]) * 1e-9)
-        if bwd:
-            cd["fwd_bwd"].append(3.5 * fl / _time(fb, rep, size["dev"]) * 1e-9)
+        try:
+            cd["fwd"].append(fl / _time(fwd, rep, size["dev"]) * 1e-9)
+            if bwd:
+                cd["fwd_bwd"].append(3.5 * fl / _time(fb, rep, size["dev"]) * 1e-9)
+        except Exception as e:  # reported, and never timed again
+            cd["correct"], cd["failure"] = False, f"timing: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+            print(f"# {row['group']} {row['dtype']} N={row['n']} causal={row['causal']} {nm}: {cd['failure']}", flush=True)
 
 
 def _med(xs):
@@ -243,14 +256,19 @@ def _med(xs):
     return xs[len(xs) // 2] if xs else None
 
 
+def _fig(x) -> str:
+    return f"{x:.3g}" if x else "-"
+
+
 def summarise(rows) -> dict:
     """Per-configuration winners and the per-group recommendation (the selection rule of the docstring)."""
     lines, gains = [], {}
     lines.append("| group | dtype | D | causal | N | metric | sdpa-flash | default | x sdpa | best | best x sdpa | gain | "
-                 "all candidates (TFLOP/s; ! = wrong vs reference, x = failed) |")
-    lines.append("|" + "---|" * 13)
+                 "gate: default / best | all candidates (TFLOP/s; ! = wrong vs reference, x = failed) |")
+    lines.append("|" + "---|" * 14)
     for row in rows:
         metric = "fwd_bwd" if row["group"] == "bwd256" else "fwd"
+        thr = FWD_BWD_MIN if metric == "fwd_bwd" else FWD_MIN
         ref = _med(row["sdpa_" + metric])
         figs = {nm: _med(cd[metric]) for nm, cd in row["cands"].items()}
         base = figs.get("default")
@@ -259,29 +277,24 @@ def summarise(rows) -> dict:
         for nm, f in ok.items():
             if base:
                 gains.setdefault(row["group"], {}).setdefault(nm, []).append(f / base)
-        cells = []
-        for nm, cd in row["cands"].items():
-            if cd["failure"]:
-                cells.append(f"{nm} x")
-            elif not cd["correct"]:
-                cells.append(f"{nm} !")
-            elif figs[nm]:
-                cells.append(f"{nm} {figs[nm]:.0f}")
-        thr = FWD_BWD_MIN if metric == "fwd_bwd" else FWD_MIN
-        fr = lambda x: f"{x:.0f}" if x else "-"  # noqa: E731
-        rr = lambda x: f"{x / ref:.2f}x" if x and ref else "-"  # noqa: E731
+        cells = [f"{nm} x" if cd["failure"] else f"{nm} !" if not cd["correct"] else f"{nm} {_fig(figs[nm])}"
+                 for nm, cd in row["cands"].items()]
+        bf = ok.get(best)
+
+        def ratio(x):
+            return f"{x / ref:.2f}x" if x and ref else "-"
+
+        def verdict(x):
+            return "-" if not (x and ref) else "pass" if x / ref >= thr else "FAIL"
+
+        gain = f"{(bf / base - 1) * 100:+.1f}%" if bf and base else "-"
         lines.append(f"| {row['group']} | {row['dtype']} | {row['d']} | {row['causal']} | {row['n']} | {metric} | "
-                     f"{fr(ref)} | {fr(base)} | {rr(base)} | {best} | {rr(ok.get(best))} | "
-                     f"{(ok[best] / base - 1) * 100:+.1f}% | {'; '.join(cells)} |" if best and base else
-                     f"| {row['group']} | {row['dtype']} | {row['d']} | {row['causal']} | {row['n']} | {metric} | "
-                     f"{fr(ref)} | {fr(base)} | - | - | - | - | {'; '.join(cells)} |")
-        if best and ref:
-            lines[-1] += f" gate {thr:.2f}x: default {'pass' if base and base / ref >= thr else 'FAIL'}, " \
-                         f"best {'pass' if ok[best] / ref >= thr else 'FAIL'}"
+                     f"{_fig(ref)} | {_fig(base)} | {ratio(base)} | {best or '-'} | {ratio(bf)} | {gain} | "
+                     f"{verdict(base)} / {verdict(bf)} ({thr:.2f}x) | {'; '.join(cells)} |")
         if row["group"] == "bwd256":  # the forward alone too, for the record
-            fb = {nm: _med(cd["fwd"]) for nm, cd in row["cands"].items() if _med(cd["fwd"])}
-            lines.append(f"| | | | | | fwd | {fr(_med(row['sdpa_fwd']))} | {fr(fb.get('default'))} | | | | | "
-                         + "; ".join(f"{nm} {f:.0f}" for nm, f in fb.items()) + " |")
+            fwd = {nm: _med(cd["fwd"]) for nm, cd in row["cands"].items() if _med(cd["fwd"])}
+            lines.append(f"| | | | | | fwd | {_fig(_med(row['sdpa_fwd']))} | {_fig(fwd.get('default'))} | | | | | | "
+                         + "; ".join(f"{nm} {_fig(f)}" for nm, f in fwd.items()) + " |")
     recommend = {}
     lines.append("")
     for group, by in gains.items():
