@@ -7,7 +7,7 @@ The configurations are the perf gate's misses (B*N = 16k tokens, H*D = 2048, BHS
 `attnverify bench`): forward of D = 64, fp16 and bf16, N = 8192 and 16384, causal and not; forward and
 forward+backward of D = 256 causal, fp16 and bf16, N = 8192 and 16384. A candidate is a set of
 `launch.Config` switches (`attnverify/kernels/variants.py`; `ATTNVERIFY_TRITON_VARIANT` names them the
-same way), or for D = 256 also other dQ tiles.
+same way), with other Config fields after a "|" (forward stages, dQ tiles).
 
 1. Compile and check (a pool of processes): each candidate runs once on a small instance of each
    configuration's specialisation (B = 1, the same heads, N = 1040: a masked tail block) and is
@@ -44,10 +44,12 @@ FWD64 = {
     "default": "", "fma": "fma", "lazy": "lazy", "fma+lazy": "fma,lazy", "lpt": "lpt", "fma+lpt": "fma,lpt",
     "fma+lazy+lpt": "fma,lazy,lpt", "tma": "tma", "tma+fma": "tma,fma", "tma+fma+lazy": "tma,fma,lazy",
     "tma+fma+lpt": "tma,fma,lpt", "tma+fma+ws": "tma,fma,ws", "nospec": "nospec",
+    "tma+fma s2": "tma,fma|num_stages=2", "tma+fma s4": "tma,fma|num_stages=4",
 }
+DQ128 = "dq_block_m=128,dq_block_n=32,dq_warps=8,dq_stages=2"
 BWD256 = {
     "default": "", "lpt": "lpt", "fma+lpt": "fma,lpt", "tma+fma+lpt": "tma,fma,lpt",
-    "lpt+dq128x32w8s2": "lpt|128,32,8,2", "fma+lpt+dq128x32w8s2": "fma,lpt|128,32,8,2", "nospec": "nospec",
+    "lpt+dq128x32w8s2": "lpt|" + DQ128, "fma+lpt+dq128x32w8s2": "fma,lpt|" + DQ128, "nospec": "nospec",
 }
 FWD_MIN, FWD_BWD_MIN = 1.30, 1.00
 
@@ -65,11 +67,10 @@ def candidates(group: str) -> dict:
 def make_config(launch, variants, d, dtype, text: str, dev: str = "cuda"):
     from dataclasses import replace
 
-    switches, _, dq = text.partition("|")
+    switches, _, fields = text.partition("|")  # "fma,lpt|num_stages=4,dq_warps=8"
     cfg = replace(launch.default_config(d, dtype, dev), **variants.parse(switches))
-    if dq:
-        m, n, w, s = (int(x) for x in dq.split(","))
-        cfg = replace(cfg, dq_block_m=m, dq_block_n=n, dq_warps=w, dq_stages=s)
+    if fields:
+        cfg = replace(cfg, **{k: int(x) for k, x in (f.split("=") for f in fields.split(","))})
     return cfg
 
 
