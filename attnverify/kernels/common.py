@@ -6,7 +6,7 @@
 - `_base`: a (batch, head, start row) base pointer in 64-bit arithmetic.
 - `_key_range`: which key blocks a query block sees, and which of them need no element mask
   (the forward and dQ kernels loop over keys; dK/dV loops over queries, `_query_range`).
-- `_scores`: raw q.k -> scores in log2 units with softcap, ALiBi and the visibility masks.
+- `_scores`: raw q.k -> scores in log2 units with softcap, ALiBi and the visibility masks (`_visible`).
 - `_lowp`, `_dot`, `_tanh`: dtype conversion, dots, tanh that also run under the interpreter.
 
 Nothing here touches a GPU at import.
@@ -163,17 +163,25 @@ def _scores(qk, ii, jj, seq_k, diag_off, causal_off, win_left, win_right, slope,
         dist = tl.abs(ii + diag_off - jj).to(tl.float32)
         s = s - (slope * LOG2E) * dist
     if MASK:
-        if BOUNDS:
-            vis = jj < seq_k
-        else:  # keys past Lk are zero-loaded; in the backward they only reach unstored rows
-            vis = jj >= 0
-        if IS_CAUSAL:
-            vis = vis & (jj <= ii + causal_off)
-        if HAS_WINDOW:
-            vis = vis & (jj >= ii + diag_off - win_left)
-            vis = vis & (jj <= ii + diag_off + win_right)
+        vis = _visible(ii, jj, seq_k, diag_off, causal_off, win_left, win_right, IS_CAUSAL, HAS_WINDOW, BOUNDS)
         s = tl.where(vis, s, float("-inf"))
     return s, t
+
+
+@triton.jit
+def _visible(ii, jj, seq_k, diag_off, causal_off, win_left, win_right,
+             IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BOUNDS: tl.constexpr):
+    """Which (query ii, key jj) pairs are visible: inside Lk (BOUNDS), causal, window."""
+    if BOUNDS:
+        vis = jj < seq_k
+    else:  # keys past Lk are zero-loaded; in the backward they only reach unstored rows
+        vis = jj >= 0
+    if IS_CAUSAL:
+        vis = vis & (jj <= ii + causal_off)
+    if HAS_WINDOW:
+        vis = vis & (jj >= ii + diag_off - win_left)
+        vis = vis & (jj <= ii + diag_off + win_right)
+    return vis
 
 
 @triton.jit

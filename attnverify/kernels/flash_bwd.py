@@ -215,9 +215,12 @@ def _bwd_dq(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, CAUSAL_BR: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, IS_VARLEN: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, LPT: tl.constexpr = False,
 ):
-    start_m = tl.program_id(0)
+    if LPT:  # longest (causal) query blocks first: no tail of long programs at the end of the launch
+        start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        start_m = tl.program_id(0)
     off_zh = tl.program_id(1)
     off_z = off_zh // H
     off_h = off_zh % H
@@ -261,3 +264,13 @@ def _bwd_dq(
     dq_ptrs = _base(DQ, b_idx, off_h, q_start, stride_dqz, stride_dqh, stride_dqm) \
         + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :] * stride_dqk
     tl.store(dq_ptrs, _lowp(dq, DQ.dtype.element_ty, UPCAST), mask=qmask)
+
+
+# twins not specialised on lengths, head counts, windows and per-row strides (flash_fwd.NOSPEC says why)
+PRE_NOSPEC = ("H", "seq_q", "stride_dlz", "stride_dlh", "stride_dlm")
+DKDV_NOSPEC = ("H", "HK", "GROUP", "seq_q_arg", "seq_k_arg", "total_q", "win_left", "win_right", "stride_az",
+               "stride_ah")
+DQ_NOSPEC = ("H", "GROUP", "seq_q_arg", "seq_k_arg", "total_q", "win_left", "win_right", "stride_az", "stride_ah")
+_bwd_preprocess_nospec = triton.jit(do_not_specialize=["HEAD_DIM_V", *PRE_NOSPEC])(_bwd_preprocess.fn)
+_bwd_dkdv_nospec = triton.jit(do_not_specialize=["HEAD_DIM", "HEAD_DIM_V", *DKDV_NOSPEC])(_bwd_dkdv.fn)
+_bwd_dq_nospec = triton.jit(do_not_specialize=["HEAD_DIM", "HEAD_DIM_V", *DQ_NOSPEC])(_bwd_dq.fn)

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .common import LN2, LOG2E, _base, _dot, _key_range, _lowp, _scores, _segment, _slope
+from .flash_fwd_variants import _fwd_inner_v
 
 
 @triton.jit
@@ -93,8 +94,15 @@ def _attn_fwd(
     IS_CAUSAL: tl.constexpr, CAUSAL_BR: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, IS_VARLEN: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, HAS_SINKS: tl.constexpr = False,
+    DESC_K=None, DESC_V=None, FMA: tl.constexpr = False, LAZY: tl.constexpr = False, TMA: tl.constexpr = False,
+    WS: tl.constexpr = False, LPT: tl.constexpr = False,
 ):
-    start_m = tl.program_id(0)
+    # speed candidates (flash_fwd_variants; all off by default): LPT runs the query blocks in reverse, so a
+    # causal launch starts its longest programs first and ends on short ones (no long tail)
+    if LPT:
+        start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        start_m = tl.program_id(0)
     off_zh = tl.program_id(1)
     off_z = off_zh // H
     off_h = off_zh % H
@@ -122,16 +130,31 @@ def _attn_fwd(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     lo, full_hi, mask_lo, hi = _key_range(start_m * BLOCK_M, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
                                           BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
-                               lo, full_hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left, win_right,
-                               slope, scale, qk_scale, softcap_scale, softcap_c2,
-                               BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, False,
-                               IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
-                               mask_lo, hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off,
-                               win_left, win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
-                               BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, True,
-                               IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
+    if FMA or LAZY or TMA or WS:
+        acc, l_i, m_i = _fwd_inner_v(acc, l_i, m_i, q, k_base, v_base, DESC_K, DESC_V, b_idx, off_hk, k_start,
+                                     stride_kn, stride_kk, stride_vn, stride_vk,
+                                     lo, full_hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left,
+                                     win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
+                                     BLOCK_N, BLOCK_D, BLOCK_DV, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, False,
+                                     IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE, FMA, LAZY, TMA, WS)
+        acc, l_i, m_i = _fwd_inner_v(acc, l_i, m_i, q, k_base, v_base, DESC_K, DESC_V, b_idx, off_hk, k_start,
+                                     stride_kn, stride_kk, stride_vn, stride_vk,
+                                     mask_lo, hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left,
+                                     win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
+                                     BLOCK_N, BLOCK_D, BLOCK_DV, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, True,
+                                     IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE, FMA, LAZY, TMA,
+                                     False)
+    else:
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
+                                   lo, full_hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left,
+                                   win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
+                                   BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, False,
+                                   IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
+                                   mask_lo, hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off,
+                                   win_left, win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
+                                   BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, True,
+                                   IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
 
     if HAS_SINKS:  # the sink joins the denominator: rescale to max(m, sink) and add exp(sink)
         sink2 = tl.load(SINKS + off_h).to(tl.float32) * LOG2E
@@ -154,3 +177,12 @@ def _attn_fwd(
     tl.store(o_ptrs, _lowp(out, O.dtype.element_ty, UPCAST), mask=o_mask)
     l_ptrs = LSE + b_idx.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + (q_start + offs_m) * stride_lm
     tl.store(l_ptrs, lse, mask=offs_m < seq_q)
+
+
+# Fewer compiles (issue 25): Triton compiles once per value class of every int argument (== 1, divisible by 16,
+# other). These arguments only bound masks and loop ranges or address the per-row LSE and ALiBi slope, never a
+# tile load, so their value class buys no vectorisation; the tile strides stay specialised (16-byte loads).
+# A twin of the kernel, selected by Config.nospec, so that a GPU run can time it against the default.
+NOSPEC = ("H", "GROUP", "seq_q_arg", "seq_k_arg", "win_left", "win_right", "stride_lz", "stride_lh", "stride_lm",
+          "stride_az", "stride_ah")
+_attn_fwd_nospec = triton.jit(do_not_specialize=["HEAD_DIM", "HEAD_DIM_V", *NOSPEC])(_attn_fwd.fn)

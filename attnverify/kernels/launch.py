@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 import triton
 
-from . import common, flash_bwd, flash_fwd
+from . import common, flash_bwd, flash_fwd, variants
 
 BIG = common.BIG
 
@@ -41,6 +41,16 @@ class Config:
     dq_block_n: Optional[int] = None
     dq_warps: Optional[int] = None
     dq_stages: Optional[int] = None
+    # speed candidates (issue 25; kernels/variants.py says when each applies): forward FMA scaling, lazy
+    # rescaling, TMA loads of K and V, warp specialisation; LPT: causal forward and dQ longest blocks first
+    fwd_fma: bool = False
+    fwd_lazy: bool = False
+    fwd_tma: bool = False
+    fwd_ws: bool = False
+    lpt: bool = False
+    # fewer compiles: kernels not specialised on lengths, head counts, windows (flash_fwd.NOSPEC), and the
+    # strides of size-1 dims passed as 0 (any value addresses index 0 alike)
+    nospec: bool = False
 
     def dq(self) -> tuple:
         """(BLOCK_M, BLOCK_N, warps, stages) of the dQ kernel."""
@@ -53,6 +63,11 @@ INTERPRETER_CONFIG = Config(64, 64, bwd_block_m=64, bwd_block_n=64)
 
 
 def default_config(head_dim: int, dtype: torch.dtype, device_type: str, head_dim_v: Optional[int] = None) -> Config:
+    """The tiles below, with the speed candidates named in ATTNVERIFY_TRITON_VARIANT (read now) switched on."""
+    return variants.from_env(_tile_config(head_dim, dtype, device_type, head_dim_v))
+
+
+def _tile_config(head_dim: int, dtype: torch.dtype, device_type: str, head_dim_v: Optional[int] = None) -> Config:
     if device_type != "cuda" or interpreting():
         return INTERPRETER_CONFIG
     # the larger of D and Dv sets the tiles: D = 96 with Dv = 160 asked 241 KiB of shared memory (H200: 227)
@@ -81,6 +96,10 @@ def _head_dims(p) -> dict:
     padded tiles and whether padding exists are compile-time."""
     bd, bdv = max(16, triton_next_pow2(p.d)), max(16, triton_next_pow2(p.dv))
     return dict(HEAD_DIM=p.d, HEAD_DIM_V=p.dv, BLOCK_D=bd, BLOCK_DV=bdv, EVEN_D=p.d == bd, EVEN_DV=p.dv == bdv)
+
+
+def _strides(t) -> tuple:
+    return t.stride()
 
 
 def triton_next_pow2(n: int) -> int:
@@ -204,16 +223,18 @@ def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[i
     if p.lq == 0 or p.n_batch == 0 or p.max_q == 0:
         return out, lse, p
     grid = (triton.cdiv(p.max_q, bm), p.n_batch * p.hq)
-    flash_fwd._attn_fwd[grid](
+    dims = _head_dims(p)
+    st = variants.strides if cfg.nospec else _strides
+    (flash_fwd._attn_fwd_nospec if cfg.nospec else flash_fwd._attn_fwd)[grid](
         q, k, v, out, lse, p.slopes if p.slopes is not None else lse,
         p.cu_q if p.cu_q is not None else lse, p.cu_k if p.cu_k is not None else lse,
         p.sinks if p.sinks is not None else lse,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+        *st(q), *st(k), *st(v), *st(out), *st(lse),
         p.stride_az, p.stride_ah,
         p.hq, p.hq // p.hkv, p.lq, p.lk,
         p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
-        **_head_dims(p), BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns, **p.flags,
-        HAS_SINKS=p.sinks is not None,
+        **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns, **p.flags,
+        HAS_SINKS=p.sinks is not None, **variants.fwd_switches(cfg, p, k, v, bn, dims, interpreting()),
     )
     return out, lse, p
 
@@ -252,9 +273,10 @@ def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = 
     delta = torch.empty(p.b, p.hq, p.lq, device=q.device, dtype=torch.float32)
     pre_m = 64
     dl = d_lse if d_lse is not None else delta
-    dl_strides = d_lse.stride() if d_lse is not None else (0, 0, 0)
-    flash_bwd._bwd_preprocess[(triton.cdiv(p.lq, pre_m), p.b * p.hq)](
-        out, d_out, dl, delta, *out.stride(), *d_out.stride(), *dl_strides, p.hq, p.lq,
+    st = variants.strides if cfg.nospec else _strides
+    dl_strides = st(d_lse) if d_lse is not None else (0, 0, 0)
+    (flash_bwd._bwd_preprocess_nospec if cfg.nospec else flash_bwd._bwd_preprocess)[(triton.cdiv(p.lq, pre_m), p.b * p.hq)](
+        out, d_out, dl, delta, *st(out), *st(d_out), *dl_strides, p.hq, p.lq,
         HEAD_DIM_V=p.dv, BLOCK_DV=dims["BLOCK_DV"], EVEN_DV=dims["EVEN_DV"], BLOCK_M=pre_m, HAS_DLSE=d_lse is not None,
     )
     slopes = p.slopes if p.slopes is not None else delta
@@ -262,9 +284,9 @@ def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = 
     cu_k = p.cu_k if p.cu_k is not None else delta
     common = dict(**dims, **p.flags)
     bn = cfg.bwd_block_n
-    flash_bwd._bwd_dkdv[(triton.cdiv(p.max_k, bn), p.n_batch * p.hkv)](
+    (flash_bwd._bwd_dkdv_nospec if cfg.nospec else flash_bwd._bwd_dkdv)[(triton.cdiv(p.max_k, bn), p.n_batch * p.hkv)](
         q, k, v, d_out, lse, delta, dk, dv, slopes, cu_q, cu_k,
-        *q.stride(), *k.stride(), *v.stride(), *d_out.stride(), *dk.stride(), *dv.stride(),
+        *st(q), *st(k), *st(v), *st(d_out), *st(dk), *st(dv),
         p.stride_az, p.stride_ah,
         p.hq, p.hkv, p.hq // p.hkv, p.lq, p.lk, p.lq,
         p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
@@ -272,13 +294,13 @@ def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = 
     )
     # dQ: queries outer (a program per BLOCK_M of them), keys inner
     qm, qn, qw, qs = cfg.dq()
-    flash_bwd._bwd_dq[(triton.cdiv(p.max_q, qm), p.n_batch * p.hq)](
+    (flash_bwd._bwd_dq_nospec if cfg.nospec else flash_bwd._bwd_dq)[(triton.cdiv(p.max_q, qm), p.n_batch * p.hq)](
         q, k, v, d_out, lse, delta, dq, slopes, cu_q, cu_k,
-        *q.stride(), *k.stride(), *v.stride(), *d_out.stride(), *dq.stride(),
+        *st(q), *st(k), *st(v), *st(d_out), *st(dq),
         p.stride_az, p.stride_ah,
         p.hq, p.hq // p.hkv, p.lq, p.lk, p.lq,
         p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
-        BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common,
+        BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common, LPT=bool(cfg.lpt and p.flags["IS_CAUSAL"]),
     )
     if d_sinks is not None:
         d_sinks.copy_(_sink_grad(p, lse, delta))
