@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -41,6 +42,7 @@ from .case import CaseRecipe
 
 DEFAULT_TILE = 64  # the tile used for the length neighbours when the adapter claims none
 _FLOAT32 = "float32"
+IMPLIED = {"heads": ("gqa",)}  # a need another need implies is not one of its own: Hkv < Hq implies Hq >= 2
 _FLAGS = {  # attention_cases' tri-state switches -> whether a recipe has the feature
     "gqa": lambda r: r.heads_q != r.heads_kv,
     "window": lambda r: r.window is not None,
@@ -82,7 +84,8 @@ class Attribution:
 
     @property
     def needs(self) -> List[str]:
-        return [v.label for v in self.verdicts if v.verdict == "needed"]
+        got = {v.feature for v in self.verdicts if v.verdict == "needed"}
+        return [v.label for v in self.verdicts if v.verdict == "needed" and not got & set(IMPLIED.get(v.feature, ()))]
 
     @property
     def holds(self) -> List[str]:
@@ -298,7 +301,6 @@ def _fits(prop, adapter, r: CaseRecipe) -> Optional[str]:
 def _claims_why(adapter, r: CaseRecipe) -> Optional[str]:
     from .case import build_probe
     from .check import unclaimed
-
     try:
         return unclaimed(adapter, build_probe(r))  # a CPU probe: never starts CUDA here
     except Exception as e:  # noqa: BLE001
@@ -387,8 +389,6 @@ def attribute(prop, adapter, drawn: Any, runner, *, profile: str = "dev", descri
     `result` (the example's ExampleResult): for a property that judges gradients beside other things
     (outputs_fully_written), a failing call whose output matched and whose gradients did not needs the
     backward."""
-    import time
-
     recipe = drawn.get("recipe") if isinstance(drawn, dict) else None
     if recipe is None:
         return None

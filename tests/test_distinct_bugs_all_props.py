@@ -50,6 +50,11 @@ def scale_dropped(q, k, v, spec):  # the softmax_scale argument never reaches th
     return _multi(q, k, v, spec, ("scale_ignored",))
 
 
+@adapter("gqa-repeat", register=False, **CLAIMS)
+def gqa_repeat(q, k, v, spec):  # query head h reads KV head h % Hkv (repeat() for repeat_interleave())
+    return attend(q, k, v, spec, "gqa_interleaved")
+
+
 @adapter("lse-base2", register=False, **CLAIMS)
 def lse_base2(q, k, v, spec):  # the LSE returned in base 2 (the kernel's exp2 domain); the output is right
     res = attend(q, k, v, spec)
@@ -101,6 +106,22 @@ def test_a_neighbour_that_judges_nothing_of_what_failed_proves_nothing(runner):
     v = next(v for v in a.verdicts if v.feature == "heads")
     assert v.verdict == "untested" and "judges none of out" in v.why, v
     assert a.signature() == _fwd_signature(tail_only, runner, len_q=3, len_k=5)
+
+
+def test_a_need_implied_by_another_is_not_listed(runner):
+    """Hkv < Hq implies Hq >= 2. nonfinite_inputs_propagate's one-head neighbour (NaN query row, one query
+    row) judges nothing, so Hq >= 2 is untested there, while forward_matches_reference proves it: the same
+    GQA bug must carry the same needs (it was 'needs Hkv < Hq (GQA)' beside 'needs Hq >= 2; needs Hkv < Hq
+    (GQA)', two entries)."""
+    nf = get_property("nonfinite_inputs_propagate")
+    drawn = {"recipe": CaseRecipe(heads_q=4, heads_kv=2, len_q=1, len_k=1, head_dim=16, dtype="float16",
+                                  poison=(("q", 0, 0, 0, 0, "nan"),)).to_dict()}
+    a = _attr(nf, gqa_repeat, drawn, runner)
+    fwd = _attr(F, gqa_repeat, {"recipe": CaseRecipe(heads_q=4, heads_kv=2, len_q=3, len_k=5, head_dim=16).to_dict()},
+                runner)
+    assert a.needs == fwd.needs == ["Hkv < Hq (GQA)"], (a.text(), fwd.text())
+    assert next(v for v in fwd.verdicts if v.feature == "heads").verdict == "needed"  # proved, not listed
+    assert a.signature() == fwd.signature()
 
 
 def test_return_lse_is_not_needed_on_one_key_where_the_output_cannot_show_a_score_bug(runner):
