@@ -19,8 +19,9 @@ itself with a stand-in where one makes the case acceptable (STAND_INS: B -> 1 wi
 batch_head_independence, which needs B >= 2 or Hkv >= 2); else by forward_matches_reference
 (gradients_match_reference for a property judging gradients): its pass means the feature is needed, its
 failure leaves the feature untested (it may be another bug: docs/reference.md#distinct-bugs). return_lse
-is needed only where the output is right: a property that sees the failure only through the LSE while
-forward_matches_reference fails on the output of the same case leaves it untested.
+is needed only where the output is right (judged with a tile of keys where the case has one key, whose
+output no score bug can change). A pass that compared nothing of what failed, and the property's own
+calls of other shapes: attnverify.attribution_calls.
 
 `matches(needs, recipe)` is the filter the continued search uses (properties.driver): a case that has
 every case feature of a found bug's needs is that bug again. `signature(needs, describe)` names a
@@ -32,13 +33,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
+from .attribution_calls import backward_only, judged_nothing, through_calls
 from .case import CaseRecipe
 
 DEFAULT_TILE = 64  # the tile used for the length neighbours when the adapter claims none
 _FLOAT32 = "float32"
+IMPLIED = {"heads": ("gqa",)}  # a need another need implies is not one of its own: Hkv < Hq implies Hq >= 2
 _FLAGS = {  # attention_cases' tri-state switches -> whether a recipe has the feature
     "gqa": lambda r: r.heads_q != r.heads_kv,
     "window": lambda r: r.window is not None,
@@ -76,10 +80,12 @@ class Attribution:
     describe: str = ""
     seconds: float = 0.0
     reduced: Any = None  # (drawn, ExampleResult) of a simpler failing neighbour the verdicts are about
+    through: str = ""  # the property's own call the verdicts are about (attribution_calls.through_calls)
 
     @property
     def needs(self) -> List[str]:
-        return [v.label for v in self.verdicts if v.verdict == "needed"]
+        got = {v.feature for v in self.verdicts if v.verdict == "needed"}
+        return [v.label for v in self.verdicts if v.verdict == "needed" and not got & set(IMPLIED.get(v.feature, ()))]
 
     @property
     def holds(self) -> List[str]:
@@ -91,18 +97,22 @@ class Attribution:
 
     def filter_needs(self) -> List[dict]:
         """The needs a drawn case can have or lack (the forward-only neighbour is not one of them)."""
+        if self.through:  # the needs are another call's: the case's own features do not select the bug
+            return []
         return [{"feature": v.feature, "arg": v.arg, "label": v.label} for v in self.verdicts
                 if v.verdict == "needed" and v.feature in FEATURES]
 
     def text(self) -> str:
         parts = [f"needs {n}" for n in self.needs] + [f"holds with {h}" for h in self.holds]
-        return "; ".join(parts) or "no single-feature neighbour could be judged"
+        text = "; ".join(parts) or "no single-feature neighbour could be judged"
+        return f"seen through {self.through} (forward_matches_reference fails there): {text}" if self.through else text
 
     def signature(self) -> str:
         return signature(self.needs, self.describe)
 
     def to_dict(self) -> dict:
         return {"needs": self.needs, "holds": self.holds, "untested": self.untested, "text": self.text(),
+                "through": self.through,
                 "signature": self.signature(), "filter": self.filter_needs(), "seconds": round(self.seconds, 3),
                 "verdicts": [v.to_dict() for v in self.verdicts]}
 
@@ -291,7 +301,6 @@ def _fits(prop, adapter, r: CaseRecipe) -> Optional[str]:
 def _claims_why(adapter, r: CaseRecipe) -> Optional[str]:
     from .case import build_probe
     from .check import unclaimed
-
     try:
         return unclaimed(adapter, build_probe(r))  # a CPU probe: never starts CUDA here
     except Exception as e:  # noqa: BLE001
@@ -332,28 +341,25 @@ def _stand_in(prop, adapter, r: CaseRecipe, nb: CaseRecipe, v: Verdict):
     return None
 
 
-def _backward_only(result) -> bool:
-    """Whether a failing result compared the output fine and only gradients (dq, dk, dv) wrong."""
-    recs = list(getattr(result, "records", None) or [])
-    if not recs or any(r.get("error") or r.get("status") in ("error", "crashed", "timeout") for r in recs):
-        return False
-    comps = [c for r in recs for c in (r.get("comparisons") or [])]
-    bad = [c.get("name") for c in comps if not c.get("passed")]
-    return bool(bad) and set(bad) <= {"dq", "dk", "dv"} and any(c.get("name") == "out" and c.get("passed")
-                                                               for c in comps)
-
-
-def _output_wrong(prop, adapter, nb: CaseRecipe, runner, journal) -> bool:
-    """Whether forward_matches_reference fails on `nb` (the case without the LSE)."""
+def _output_wrong(prop, adapter, nb: CaseRecipe, runner, journal, ctx: dict, judged: bool = False) -> bool:
+    """Whether forward_matches_reference fails on the output of `nb` (the case without the LSE; `judged`:
+    judged there and passed). On one key a row's output is that key's value whatever its score (softmax
+    over one key is 1), so a one-key `nb` is also judged with a key tile of keys."""
     base = _base_property(prop, adapter, backward=False)
-    if base is None or _claims_why(adapter, nb) or _fits(base, adapter, nb):
-        return False
-    nd = {"recipe": nb.to_dict()}
-    res = runner(base, adapter, nd)
-    if journal is not None:
-        journal({"event": "neighbour", "property": prop.name, "judged_by": base.name, "feature": "lse",
-                 "drawn": nd, "status": res.status, "passed": res.passed})
-    return not res.passed and res.status != "skipped"
+    todo = [] if judged else [nb]
+    if _dense(nb) and nb.len_k == 1:
+        todo.append(_rep(nb, len_k=max(2, ctx["tiles"][1])))
+    for case in todo if base is not None else ():
+        if _claims_why(adapter, case) or _fits(base, adapter, case):
+            continue
+        nd = {"recipe": case.to_dict()}
+        res = runner(base, adapter, nd)
+        if journal is not None:
+            journal({"event": "neighbour", "property": prop.name, "judged_by": base.name, "feature": "lse",
+                     "drawn": nd, "status": res.status, "passed": res.passed})
+        if not res.passed and res.status != "skipped":
+            return True
+    return False
 
 
 def _is_backward(prop) -> bool:
@@ -368,8 +374,8 @@ def context(adapter, profile: str) -> dict:
     return {"tiles": tiles, "head_dims": head_dim_candidates(adapter.claims, profile_limits(profile).head_dims)}
 
 
-# features whose neighbour is a simpler case: a failing one becomes the case attributed (a failure from
-# the unshrunk @example corpus, or one the shrinking budget cut short, is reduced to what it needs)
+# features whose neighbour is a simpler case: a failing one becomes the case attributed (an unshrunk
+# @example failure, or one the shrinking budget cut short, is reduced to what it needs)
 REDUCING = ("batch", "heads", "gqa", "causal", "mask", "window", "softcap", "alibi", "dropout", "lk_tiles",
             "lq_tiles", "dtype", "layout", "dv", "scale", "values", "lse", "poison")
 MAX_PASSES = 4
@@ -383,8 +389,6 @@ def attribute(prop, adapter, drawn: Any, runner, *, profile: str = "dev", descri
     `result` (the example's ExampleResult): for a property that judges gradients beside other things
     (outputs_fully_written), a failing call whose output matched and whose gradients did not needs the
     backward."""
-    import time
-
     recipe = drawn.get("recipe") if isinstance(drawn, dict) else None
     if recipe is None:
         return None
@@ -393,26 +397,34 @@ def attribute(prop, adapter, drawn: Any, runner, *, profile: str = "dev", descri
     params = {k: v for k, v in drawn.items() if k != "recipe"}
     ctx = context(adapter, profile)
     reduced = None
+    cur = result
     for i in range(MAX_PASSES + 1):
-        verdicts, step = _judge_all(prop, adapter, r, params, runner, ctx, journal, reduce=i < MAX_PASSES)
+        verdicts, step = _judge_all(prop, adapter, r, params, runner, ctx, journal, reduce=i < MAX_PASSES,
+                                    failing=cur)
         if step is None:  # nothing simpler fails: the verdicts are all about r
             break
-        r, reduced = step[0], step
-    last = reduced[1] if reduced is not None else result
-    if not _is_backward(prop) and _backward_only(last):
+        r, reduced, cur = step[0], step, step[1]
+    if not _is_backward(prop) and backward_only(cur):
         verdicts.append(Verdict("backward", "needed", "the backward", "the forward alone (the failing call's "
                                 "output matched; only its gradients did not)", judged_by=prop.name, status="failed"))
     out = Attribution(verdicts=verdicts, describe=describe)
     if reduced is not None:
         out.reduced = ({"recipe": r.to_dict(), **params}, reduced[1])
         out.describe = (reduced[1].case or {}).get("describe") or describe
+    if not out.needs:  # no feature of the case explains it: maybe one of the property's own calls does
+        kit = dict(attribute=attribute, fix=_fix, claims_why=_claims_why, fits=_fits, features=FEATURES, context=context)
+        sub = through_calls(prop, adapter, r, params, runner, kit=kit, failing=cur, profile=profile, journal=journal)
+        if sub is not None:
+            out.verdicts, out.through = sub[0].verdicts, sub[1]
     out.seconds = time.perf_counter() - t0
     return out
 
 
-def _judge_all(prop, adapter, r: CaseRecipe, params: dict, runner, ctx: dict, journal, reduce: bool):
+def _judge_all(prop, adapter, r: CaseRecipe, params: dict, runner, ctx: dict, journal, reduce: bool,
+               failing: Any = None):
     """-> (verdicts about r, None); when reducing, every simpler neighbour that still fails replaces r as
-    it is met, and the result is (verdicts, (the reduced r, its result)) if any did."""
+    it is met, and the result is (verdicts, (the reduced r, its result)) if any did. `failing`: r's failing
+    ExampleResult, when known (a neighbour's pass that compared none of what failed there proves nothing)."""
     verdicts: List[Verdict] = []
     step = None
     for key in list(FEATURES) + ["backward"]:
@@ -468,10 +480,17 @@ def _judge_all(prop, adapter, r: CaseRecipe, params: dict, runner, ctx: dict, jo
             # without it may be another bug, so this says nothing about the property's failure
             v.why = f"{prop.name} always draws it; {judge.name} fails without it too: maybe another bug"
             continue
-        if res.passed and judge is prop and v.feature == "lse" and _output_wrong(prop, adapter, nb, runner, journal):
-            # the property sees it only through the LSE, but the output is wrong there too: the LSE is how
-            # this property sees the bug, not what the bug needs
+        if res.passed and v.feature == "lse" and _output_wrong(prop, adapter, nb, runner, journal, ctx,
+                                                               judged=judge is not prop):
+            # the property sees it only through the LSE, but the output is wrong there too (or, on one key,
+            # with a tile of keys): the LSE is how this property sees the bug, not what the bug needs
             v.why = f"{prop.name} sees it only through the LSE; forward_matches_reference fails on the output too"
+            continue
+        blind = judged_nothing(failing, res) if res.passed and judge is prop else None
+        if blind:
+            # e.g. nonfinite_inputs_propagate with one head: a poisoned key makes every row NaN, and the
+            # rows the failure was in are no longer judged; the pass says nothing about the feature
+            v.why = f"{prop.name} judges none of {blind} there (every element excluded): nothing seen"
             continue
         v.verdict = "needed" if res.passed else "not needed"
         if reduce and not res.passed and judge is prop and not stood_in and (

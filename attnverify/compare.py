@@ -34,6 +34,7 @@ class Comparison:
     tol_norm: float
     tol_elem_u: float
     nonfinite_mismatches: int = 0
+    judged: Optional[int] = None  # elements compared (not excluded by `ignore`); None: all of them
     note: str = ""
     problems: List[str] = field(default_factory=list)
 
@@ -154,6 +155,7 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, *, ignore
         tol_norm=tol.norm,
         tol_elem_u=tol.elem_u,
         nonfinite_mismatches=int(nonfin_bad.sum()),
+        judged=int(keep.sum()),
         problems=problems,
     )
 

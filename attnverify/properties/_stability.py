@@ -2,6 +2,7 @@
 equals the same request inside a larger batch or pack."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -47,6 +48,13 @@ class RepeatAndInterleaveStable(MetamorphicProperty):
         probs = bitwise if adapter.claims.deterministic else []
         return _with_problems(res, probs, f"[{adapter.name}] claims deterministic=True, but repeated calls on the "
                                           f"same inputs differ in bits: {case.describe()}")
+
+    def derived_recipes(self, r, params):
+        """The call that holds the case inside a larger batch (attribution_calls); a varlen pack's is not
+        a recipe of this kind."""
+        if r.seqlens_q is not None:
+            return []
+        return [("in_batch", dataclasses.replace(r, batch=r.batch + max(1, int(params.get("extra", 1)))))]
 
     @staticmethod
     def _batch_baseline(case, params) -> dict:

@@ -86,6 +86,12 @@ class Property:
     def run_example(self, adapter, drawn) -> ExampleResult:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def derived_recipes(self, recipe, params: dict) -> List[Any]:
+        """[(label, CaseRecipe)]: the adapter calls of other shapes an example makes beside its case (lse_merge's
+        two key subsets). Attribution judges them with forward_matches_reference when no feature of the case
+        explains a failure (attnverify.attribution_calls)."""
+        return []
+
     @property
     def test_name(self) -> str:
         return f"test_{self.name}"

@@ -117,11 +117,21 @@ class LseMerge(CaseProperty):
     def default_params(self):
         return {"cut_seed": 1}
 
-    def judge(self, adapter, case, params):
-        lk = case.k.shape[2]
+    @staticmethod
+    def _cut(lk: int, params) -> tuple:
+        """(a permutation of the keys, n1): K1 is its first n1 keys, K2 the rest."""
         g = torch.Generator().manual_seed(int(params.get("cut_seed", 0)))
         perm = torch.randperm(lk, generator=g)
-        n1 = 1 + int(torch.randint(0, lk - 1, (1,), generator=g))
+        return perm, 1 + int(torch.randint(0, lk - 1, (1,), generator=g))
+
+    def derived_recipes(self, r, params):
+        """The calls on K1 and K2: the case with n1 and Lk - n1 keys (attribution_calls)."""
+        n1 = self._cut(r.len_k, params)[1]
+        return [("K1", dataclasses.replace(r, len_k=n1)), ("K2", dataclasses.replace(r, len_k=r.len_k - n1))]
+
+    def judge(self, adapter, case, params):
+        lk = case.k.shape[2]
+        perm, n1 = self._cut(lk, params)
         i1, i2 = perm[:n1].sort().values.to(case.k.device), perm[n1:].sort().values.to(case.k.device)
         spec = case.spec.replace(return_lse=True)
         # a row that sees every key of the full call sees every key of a subset call too (top-left: i >= Lk - 1

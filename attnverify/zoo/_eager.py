@@ -110,7 +110,9 @@ def scores(q, k, spec: Spec, bug: Optional[str] = None):
     g = hq // hkv
     acc = _acc_dtype(q)
     if bug == "gqa_interleaved":
-        idx = torch.arange(hq, device=q.device) % hkv  # repeat() where repeat_interleave() was meant
+        # repeat() where repeat_interleave() was meant: K repeated g times (g * Hkv heads, which for Hq not a
+        # multiple of Hkv does not match q: the call raises, as the repeat() it stands for does)
+        idx = torch.arange(g * hkv, device=q.device) % hkv
     else:
         idx = torch.arange(hq, device=q.device) // g
     kk = k.index_select(1, idx)

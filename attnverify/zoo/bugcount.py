@@ -3,7 +3,8 @@
 Every property the member claims runs (its expected ones first) with the continued search of
 properties.driver (up to `max_bugs` distinct bugs per property: the profile's by default, 1 in ci);
 the bugs found are grouped by signature (attnverify.bugs) and each planted bug (zoo._multi.PlantedBug)
-is matched to the found bug whose needs contain all of its needs.
+is matched to the found bug whose needs are exactly its needs. The count is right (`exact`) when every
+planted bug is found as its own entry and every entry found is a planted bug: found == planted.
 """
 from __future__ import annotations
 
@@ -30,8 +31,19 @@ class BugCount:
     def all_found(self) -> bool:
         return bool(self.planted) and all(self.matched.get(p) for p in self.planted)
 
+    @property
+    def planted_of(self) -> dict:
+        """found signature -> the planted bug it is (None: an entry no planted bug accounts for)."""
+        by_sig = {sig: name for name, sig in self.matched.items() if sig}
+        return {g["signature"]: by_sig.get(g["signature"]) for g in self.found}
+
+    @property
+    def exact(self) -> bool:
+        """found == planted: each planted bug its own entry, and no other entry."""
+        return self.all_found and len(self.found) == len(self.planted) and not self.errors
+
     def to_dict(self) -> dict:
-        return dict(asdict(self), all_found=self.all_found)
+        return dict(asdict(self), all_found=self.all_found, exact=self.exact, planted_of=self.planted_of)
 
 
 def count_bugs(member, *, profile: str = "dev", seed: int = 0, max_examples: Optional[int] = None,
@@ -78,22 +90,24 @@ def count_bugs(member, *, profile: str = "dev", seed: int = 0, max_examples: Opt
     out.seconds = time.perf_counter() - t0
     out.found = group(found)
     for p in member.planted:
-        hit = next((g for g in out.found if set(p.needs) <= set(g["needs"])), None)
+        hit = next((g for g in out.found if sorted(p.needs) == sorted(g["needs"])), None)
         out.matched[p.name] = hit["signature"] if hit else None
     return out
 
 
 def row_text(c: BugCount) -> str:
     n_hit = sum(1 for v in c.matched.values() if v)
-    lines = [f"{c.member:28s} multi    planted {len(c.planted)}, found {len(c.found)} distinct, "
-             f"{n_hit}/{len(c.planted)} planted bugs found as their own entry ({c.examples} examples, {c.seconds:.1f}s)"]
+    verdict = "found == planted" if c.exact else "FOUND != PLANTED"
+    lines = [f"{c.member:28s} multi    planted {len(c.planted)}, found {len(c.found)}: {verdict} ({n_hit}/{len(c.planted)} "
+             f"planted bugs found as their own entry; {c.examples} examples, {c.seconds:.1f}s)"]
+    for g in c.found:
+        name = c.planted_of.get(g["signature"])
+        lines.append(f"{'':38s}[{g['signature']}] needs {'; '.join(g['needs']) or 'nothing varied'} -> "
+                     + (f"planted {name}" if name else f"NOT PLANTED: {g['describe']}")
+                     + f" (seen by {', '.join(g['properties'])})")
     for name, sig in c.matched.items():
-        g = next((g for g in c.found if g["signature"] == sig), None)
-        lines.append(f"{'':38s}{name}: " + (f"found [{sig}] needs {'; '.join(g['needs'])} "
-                                            f"(seen by {', '.join(g['properties'])})" if g else "MISSED"))
-    extra = [g for g in c.found if g["signature"] not in c.matched.values()]
-    for g in extra:
-        lines.append(f"{'':38s}also: [{g['signature']}] needs {'; '.join(g['needs']) or 'nothing varied'}: {g['describe']}")
+        if not sig:
+            lines.append(f"{'':38s}planted {name}: MISSED (no entry with exactly its needs)")
     for e in c.errors:
         lines.append(f"{'':38s}ERROR {e}")
     return "\n".join(lines)

@@ -274,6 +274,9 @@ def main(argv=None) -> int:
                     help="generated examples per property (default: the profile's)")
     ap.add_argument("--max-bugs", type=int, default=None, metavar="K",
                     help="distinct bugs per property on multi-bug members (default: the profile's, 1 in ci)")
+    ap.add_argument("--property", action="append", default=[], metavar="NAME",
+                    help="run only these properties (repeatable, comma lists; default: every property, the "
+                         "member's expected ones first)")
     ap.add_argument("--skip-unavailable", action="store_true",
                     help="members that cannot run here (e.g. triton missing) do not fail the run")
     ap.add_argument("--list", action="store_true", help="list the members and exit")
@@ -287,6 +290,16 @@ def main(argv=None) -> int:
     except KeyError as e:
         print(f"attnverify selftest: {e.args[0]}", file=sys.stderr)
         return 2
+    props = [x.strip() for n in a.property for x in n.split(",") if x.strip()] or None
+    if props:
+        from ..properties import PROPERTIES
+
+        known = [p.name for p in PROPERTIES]
+        bad = [n for n in props if n not in known]
+        if bad:
+            print(f"attnverify selftest: --property {', '.join(bad)}: no such property; one of {', '.join(known)}",
+                  file=sys.stderr)
+            return 2
     if a.list:
         for m in members:
             print(f"{m.name:28s} {m.kind:8s} {'fast ' if m.fast else '     '}{', '.join(m.expected)}\n"
@@ -299,7 +312,7 @@ def main(argv=None) -> int:
             from .bugcount import count_bugs, row_text
 
             c = count_bugs(m, profile=a.profile, seed=a.seed, max_examples=a.max_examples, max_bugs=a.max_bugs,
-                           shrink_budget_s=a.shrink_budget, report_dir=a.report_dir)
+                           shrink_budget_s=a.shrink_budget, report_dir=a.report_dir, properties=props)
             counts.append(c)
             rows.append(MemberResult(m.name, m.kind, "caught" if c.found else "missed", total_seconds=c.seconds,
                                      total_examples=c.examples, properties_run=c.properties_run,
@@ -308,15 +321,17 @@ def main(argv=None) -> int:
             print(row_text(c), flush=True)
             continue
         r = run_member(m, profile=a.profile, seed=a.seed, report_dir=a.report_dir, shrink_budget_s=a.shrink_budget,
-                       max_examples=a.max_examples)
+                       max_examples=a.max_examples, properties=props)
         rows.append(r)
         print(_row_text(r), flush=True)
     s = summarize(rows)
+    s["miscounted"] = [f"{c.member} (planted {len(c.planted)}, found {len(c.found)})" for c in counts if not c.exact]
     med = "n/a" if s["median_first_seconds"] is None else f"{s['median_first_seconds']:.2f}s"
     mx = "n/a" if s["max_first_seconds"] is None else f"{s['max_first_seconds']:.2f}s"
     print(f"\ncaught {s['caught']}/{s['members']}; median time to the first failure {med} (slowest {mx}); "
           f"{s['total_seconds']:.0f}s in all")
-    for key, label in (("missed", "MISSED"), ("errors", "ERRORS"), ("unavailable", "could not run here")):
+    for key, label in (("missed", "MISSED"), ("errors", "ERRORS"), ("unavailable", "could not run here"),
+                       ("miscounted", "DISTINCT BUGS FOUND != PLANTED")):
         if s[key]:
             print(f"{label}: {', '.join(s[key])}")
     if s["caught_by_unexpected"]:
@@ -325,7 +340,7 @@ def main(argv=None) -> int:
         with open(a.json, "w") as f:
             json.dump({"profile": a.profile, "seed": a.seed, "rows": [r.to_dict() for r in rows], "summary": s,
                        "bug_counts": [c.to_dict() for c in counts]}, f, indent=1, default=str)
-    bad = s["missed"] + s["errors"] + ([] if a.skip_unavailable else s["unavailable"])
+    bad = s["missed"] + s["errors"] + s["miscounted"] + ([] if a.skip_unavailable else s["unavailable"])
     return 1 if bad else 0
 
 
