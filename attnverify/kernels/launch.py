@@ -15,6 +15,7 @@ import torch
 import triton
 
 from . import common, flash_bwd, flash_fwd
+from . import fp8 as fp8_launch
 
 BIG = common.BIG
 
@@ -76,10 +77,10 @@ def default_config(head_dim: int, dtype: torch.dtype, device_type: str, head_dim
     return Config(64, 64, 4, 3, 64, 64, 8, 2, dq_block_m=64, dq_block_n=32, dq_warps=4, dq_stages=3)
 
 
-def _head_dims(p) -> dict:
+def _head_dims(p, floor: int = 16) -> dict:
     """Head dims are runtime arguments (masks only), so D = 72 and 80 share one compiled kernel; the
-    padded tiles and whether padding exists are compile-time."""
-    bd, bdv = max(16, triton_next_pow2(p.d)), max(16, triton_next_pow2(p.dv))
+    padded tiles and whether padding exists are compile-time. `floor`: the least tile (fp8 dots: 32)."""
+    bd, bdv = max(floor, triton_next_pow2(p.d)), max(floor, triton_next_pow2(p.dv))
     return dict(HEAD_DIM=p.d, HEAD_DIM_V=p.dv, BLOCK_D=bd, BLOCK_DV=bdv, EVEN_D=p.d == bd, EVEN_DV=p.dv == bdv)
 
 
@@ -114,6 +115,7 @@ class Prepared:
     win_right: int
     flags: dict
     sinks: Optional[torch.Tensor] = None  # float32 (Hq,) on q's device, or None
+    descales: Optional[torch.Tensor] = None  # float32 (3, B, Hkv): q's, k's, v's descales (1 where absent), or None
 
 
 def prepare(q, k, v, spec) -> Prepared:
@@ -123,8 +125,9 @@ def prepare(q, k, v, spec) -> Prepared:
     # out of bounds, so it is refused here (the `contract` property checks that it is)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"triton attention: q, k, v must be (B, H, L, D); got {q.dim()}-D, {k.dim()}-D, {v.dim()}-D")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"triton attention: dtype {q.dtype} is not supported (float16, bfloat16, float32)")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) and not fp8_launch.is_fp8(q.dtype):
+        raise ValueError(f"triton attention: dtype {q.dtype} is not supported (float16, bfloat16, float32; "
+                         f"float8_e4m3fn, float8_e5m2 forward only)")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"triton attention: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
     if k.shape[0] != b or v.shape[0] != b:
@@ -187,7 +190,8 @@ def prepare(q, k, v, spec) -> Prepared:
             raise ValueError(f"triton attention: spec.sinks must be (Hq,) = ({hq},), got {tuple(spec.sinks.shape)}")
         sinks = spec.sinks.detach().to(device=q.device, dtype=torch.float32).contiguous()
     return Prepared(b, hq, hkv, lq, lk, d, dv, n_batch, max_q, max_k, cu_q, cu_k, slopes, stride_az, stride_ah,
-                    scale, scale * common.LOG2E_F, softcap_scale, softcap_c2, win_left, win_right, flags, sinks)
+                    scale, scale * common.LOG2E_F, softcap_scale, softcap_c2, win_left, win_right, flags, sinks,
+                    fp8_launch.descale_table(q, spec, b, hkv))
 
 
 def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[int] = None,
@@ -199,10 +203,11 @@ def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[i
     cfg = config or default_config(p.d, q.dtype, q.device.type, p.dv)
     bm, bn = block_m or cfg.block_m, block_n or cfg.block_n
     nw, ns = num_warps or cfg.num_warps, num_stages or cfg.num_stages
-    out = torch.empty(p.b, p.hq, p.lq, p.dv, device=q.device, dtype=q.dtype)
+    out = torch.empty(p.b, p.hq, p.lq, p.dv, device=q.device, dtype=fp8_launch.out_dtype(q.dtype))
     lse = torch.empty(p.b, p.hq, p.lq, device=q.device, dtype=torch.float32)
     if p.lq == 0 or p.n_batch == 0 or p.max_q == 0:
         return out, lse, p
+    extra = fp8_launch.launch_kwargs(p, q.dtype, bn)  # {} for a call without fp8 or descales: the kernel as before
     grid = (triton.cdiv(p.max_q, bm), p.n_batch * p.hq)
     flash_fwd._attn_fwd[grid](
         q, k, v, out, lse, p.slopes if p.slopes is not None else lse,
@@ -212,8 +217,8 @@ def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[i
         p.stride_az, p.stride_ah,
         p.hq, p.hq // p.hkv, p.lq, p.lk,
         p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
-        **_head_dims(p), BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns, **p.flags,
-        HAS_SINKS=p.sinks is not None,
+        **_head_dims(p, fp8_launch.min_tile(q.dtype)), BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns,
+        **p.flags, HAS_SINKS=p.sinks is not None, **extra,
     )
     return out, lse, p
 
@@ -226,6 +231,7 @@ def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = 
     (float32 (Hq,)) receives their gradient: the LSE saved by the forward includes the sink, so the
     kernels' P and dS need no change, and dsink_h = -sum_{b,i} exp(sink_h - LSE_i) * delta_i."""
     p = prep or prepare(q, k, v, spec)
+    fp8_launch.refuse_backward(q.dtype, p)
     cfg = config or default_config(p.d, q.dtype, q.device.type, p.dv)
     if block_m or block_n:
         cfg = replace(cfg, bwd_block_m=block_m or cfg.bwd_block_m, bwd_block_n=block_n or cfg.bwd_block_n,
