@@ -203,8 +203,8 @@ def _laid_out_like(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """`values` in x's memory layout: its strides, and an expanded x's stride-0 dims expanded again (one copy of the
     values along them: x's values are equal there, so the scaled ones are too)."""
     base = values
-    for i, (n, st) in enumerate(zip(x.shape, x.stride())):
-        if st == 0 and n > 1:
+    for i, (n, stride) in enumerate(zip(x.shape, x.stride())):
+        if stride == 0 and n > 1:
             base = base.narrow(i, 0, 1)
     out = torch.empty_strided(base.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(base)
     return out.expand(x.shape)
