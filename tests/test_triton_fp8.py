@@ -91,7 +91,9 @@ def test_fp8_forward_is_naive_fa3_arithmetic_and_within_the_reference(dtype, kw)
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     nv = get("naive")(c.q, c.k, c.v, c.spec)
     # one key tile (Lk <= 64): the running max is the row max, so the same P is rounded: the same answer
-    torch.testing.assert_close(out.float(), nv.out.float().to(out.device), rtol=0, atol=2e-2 if _CUDA else 1e-6)
+    # (on a GPU the fp8 dots sum in another order: a bf16 ulp or two)
+    torch.testing.assert_close(out.float(), nv.out.float().to(out.device), rtol=1e-2 if _CUDA else 0,
+                               atol=1e-2 if _CUDA else 1e-6)
     res = av.check(TRITON, c)
     assert res.passed, res.message()
     assert [x.name for x in res.comparisons] == ["out", "lse"]  # forward only
