@@ -165,6 +165,20 @@ def test_a_bf16_call_launches_the_kernel_as_before():
     assert launch._head_dims(p, kfp8.min_tile(c.q.dtype)) == launch._head_dims(p)
 
 
+def test_fp8_v_goes_to_the_gpu_kernel_column_major():
+    """Hopper's 8-bit wgmma reads K-major operands only: a row-major fp8 V is copied column-major on CUDA (same values),
+    a column-major one and every non-fp8 or CPU V are passed as they are."""
+    v8 = torch.randn(2, 3, 40, 32).to(torch.float8_e4m3fn)
+    assert kfp8.v_for_dot(v8) is v8  # CPU: the interpreter reads any layout
+    vb = torch.randn(2, 3, 40, 32, dtype=torch.bfloat16)
+    assert kfp8.v_for_dot(vb) is vb
+    if _CUDA:
+        g = kfp8.v_for_dot(v8.cuda())
+        assert g.stride(-2) == 1 and torch.equal(g.float().cpu(), v8.float())
+        cm = v8.cuda().transpose(-1, -2).contiguous().transpose(-1, -2)
+        assert kfp8.v_for_dot(cm) is cm
+
+
 def test_fp8_serving_calls_are_refused_by_the_adapter():
     c = _case()
     for spec in (c.spec.replace(num_splits=2), c.spec.replace(q_descale=None, k_descale=None, v_descale=None,

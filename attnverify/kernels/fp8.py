@@ -38,6 +38,15 @@ def descale_table(q: torch.Tensor, spec, b: int, hkv: int) -> Optional[torch.Ten
     return torch.stack(rows).contiguous()
 
 
+def v_for_dot(v: torch.Tensor) -> torch.Tensor:
+    """fp8 V on a GPU, column-major (FA3's layout): P @ V reduces over the keys, and Hopper's 8-bit wgmma reads its
+    operands K-major only (PTX: the transposed shared-memory layouts are for 16-bit types), so the keys must be
+    V's contiguous axis; a row-major V is copied once. Anything else is returned as it is."""
+    if not is_fp8(v.dtype) or not v.is_cuda or v.stride(-2) == 1 or v.shape[-2] <= 1:
+        return v
+    return v.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
 def launch_kwargs(p, dtype: torch.dtype, block_n: int) -> dict:
     """The forward kernel's extra arguments: {} for a call without descales (the plain kernel)."""
     if is_fp8(dtype) and block_n < FP8_MIN_TILE:

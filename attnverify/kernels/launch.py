@@ -199,6 +199,7 @@ def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[i
             config: Optional[Config] = None):
     """Returns (out, lse, prep): out (B, Hq, Lq, Dv) in q's dtype, lse (B, Hq, Lq) float32 natural log.
     `config` replaces the default configuration; the other keywords override single fields of it."""
+    v = fp8_launch.v_for_dot(v)  # fp8 on a GPU: V column-major (the one layout 8-bit wgmma reads); else v itself
     p = prep or prepare(q, k, v, spec)
     cfg = config or default_config(p.d, q.dtype, q.device.type, p.dv)
     bm, bn = block_m or cfg.block_m, block_n or cfg.block_n
