@@ -474,6 +474,14 @@ RECIPES = {
         dict(len_q=127, len_k=193, head_dim=64, head_dim_v=32, causal="bottom_right", dtype="float16", seed=11),
         dict(len_q=1, len_k=200, head_dim=16, return_lse=True, seed=12),
     ]),
+    "sink_fp8": ("sink_fp8", "fp8_matches_reference", [
+        dict(batch=2, heads_q=4, heads_kv=2, len_q=40, len_k=30, head_dim=64, dtype="float8_e4m3fn", descales="amax",
+             causal="bottom_right", sinks={"kind": "dominant", "level": 2.0, "seed": 3}, return_lse=True, seed=15),
+        dict(batch=1, heads_q=2, heads_kv=1, len_q=17, len_k=130, head_dim=128, dtype="float8_e4m3fn", descales="random",
+             layout="v_colmajor", dominant_key=77, dominant_gap=8.0, return_lse=True, seed=16),
+        dict(batch=2, heads_q=4, heads_kv=2, len_q=9, len_k=37, head_dim=64, dtype="bfloat16", row_shift=-1000.0,
+             sinks={"kind": "mixed", "level": 8.0, "seed": 1}, return_lse=True, seed=17),
+    ]),
     "jax_function": ("jax_kernel", "forward_matches_reference", [
         dict(batch=2, heads_q=4, heads_kv=2, len_q=24, len_k=40, head_dim=32, causal="bottom_right", seed=13),
         dict(len_q=30, len_k=10, head_dim=16, head_dim_v=24, causal="bottom_right", dtype="bfloat16", seed=14),
@@ -534,6 +542,26 @@ def test_varlen_recipe_without_cu_seqlens_fails(monkeypatch):
     assert res.status == "failed", res.message()
 
 
+def test_sink_fp8_recipe_holds_the_sink_properties_and_wrong_glue_fails(monkeypatch):
+    """The sink properties on the recipe (bfloat16); its glue with the sinks or v's descale dropped fails."""
+    from attnverify.properties import get_property, run_property
+
+    good = _recipe("sink_fp8", monkeypatch).sink_fp8
+    for prop in ("sinks_match_reference", "sink_limits"):
+        assert run_property(get_property(prop), good, profile="ci", max_examples=4, use_corpus=False,
+                            database=None).examples >= 1
+    no_sinks = Adapter("sink-fp8-no-sinks", lambda q, k, v, s: good.fn(q, k, v, s.replace(sinks=None)), good.claims)
+    no_vd = Adapter("sink-fp8-no-v-descale", lambda q, k, v, s: good.fn(q, k, v, s.replace(v_descale=None)),
+                    good.claims)
+    kw = dict(batch=2, heads_q=4, heads_kv=2, len_q=9, len_k=37, head_dim=64, return_lse=True, seed=18)
+    sinks = {"kind": "normal", "level": 2.0, "seed": 2}
+    assert av.check(good, _case(good, dtype="bfloat16", sinks=sinks, **kw)).passed
+    assert not av.check(no_sinks, _case(no_sinks, dtype="bfloat16", sinks=sinks, **kw)).passed
+    fp8 = dict(dtype="float8_e4m3fn", descales="random", **kw)
+    assert av.check(good, _case(good, **fp8)).passed
+    assert not av.check(no_vd, _case(no_vd, **fp8)).passed
+
+
 @pytest.mark.slow
 def test_tiled_recipe_memory_is_linear(monkeypatch):
     from attnverify.properties import get_property, run_property
@@ -549,7 +577,8 @@ def test_cookbook_recipe_as_written_on_the_gpu(module, monkeypatch):
     attr, prop_name, cases = RECIPES[module]
     adapter = getattr(_recipe(module, monkeypatch), attr)  # claims as written: cuda, fp16/bf16
     for kw in cases:
-        kw = {**kw, "dtype": "float16" if "float16" in adapter.claims.dtypes else adapter.claims.dtypes[0]}
+        if kw.get("dtype") not in adapter.claims.dtypes:  # the recipe's own dtype where claimed (fp8 for sink_fp8)
+            kw = {**kw, "dtype": "float16" if "float16" in adapter.claims.dtypes else adapter.claims.dtypes[0]}
         res = av.check(adapter, _case(adapter, **kw))
         assert res.passed, res.message()
 

@@ -204,6 +204,19 @@ def test_descale_linearity_rejects_an_adapter_that_ignores_a_descale(which):
         _run("descale_linearity", _ignores(which))
 
 
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_descale_linearity_scales_an_expanded_kv_input(which):
+    """k and v of layout expanded_kv are stride-0 views over the batch: the scaled input keeps that layout (it used
+    to raise 'more than one element of the written-to tensor refers to a single memory location')."""
+    c = _case(descales="uniform", layout="expanded_kv", dominant_key=0, dominant_gap=30.0)
+    assert 0 in getattr(c, which).stride()
+    prop = DescaleLinearity()
+    held = prop.judge(get("naive"), c, {"tensor": which, "factor": 2.0})
+    assert held.passed, held.message
+    res = prop.judge(_ignores(which), c, {"tensor": which, "factor": 2.0})
+    assert not res.passed and "descale_linearity FAILED" in res.message, res.message
+
+
 def test_descale_linearity_judges_a_re_rounded_input_against_the_reference():
     """A factor of 1.5 re-rounds the input: not bitwise, but the scaled call must still match the reference."""
     c = _case(descales="random")

@@ -10,6 +10,10 @@ non-powers of two padded in the kernel, Dv != D; all three causal alignments; wi
 ((Hq,) or (B, Hq) slopes); GQA/MQA; varlen packs with empty segments; LSE (differentiable);
 fully-masked rows give 0 / LSE -inf / zero gradients; backward without atomics (deterministic);
 sinks (per-head logits in every row's denominator, forward and their gradient).
+fp8 (float8_e4m3fn, float8_e5m2) with FA3's descales (q/k/v_descale, float32 (B, Hkv)), forward only, out
+bfloat16: claimed on GPUs of compute capability 8.9+ and under the interpreter of Triton 3.9+, decided when the
+claims are first read (adapters/triton_fp8.py); q_descale * k_descale joins the softmax scale, v_descale the
+epilogue, P is cast to V's fp8 dtype after the running max is subtracted (kernels/fp8.py).
 Serving (adapters/triton_serving.py, forward only): paged and contiguous KV caches of any page size
 through a split-KV decode kernel with an LSE combine kernel; append is a torch scatter before the
 kernel; num_splits any int >= 1 (claimed: those the tests run); deterministic and batch-invariant.
@@ -60,9 +64,14 @@ def _availability():
 
 
 def _machine_claims() -> dict:
-    """Asked on first use, not at import (NVML: no CUDA context, fork stays safe)."""
+    """Asked on first use, not at import (NVML: no CUDA context, fork stays safe); fp8 with descales where the
+    GPU has fp8 tensor cores (sm_89+) or the interpreter handles fp8 (adapters/triton_fp8.py)."""
+    from ._external import dist_version
+    from .triton_fp8 import fp8_claims
+
     cuda = cuda_present()
-    return dict(devices=("cuda",) if cuda else ("cpu",), max_seqlen=16384 if cuda else 4096)
+    return dict(devices=("cuda",) if cuda else ("cpu",), max_seqlen=16384 if cuda else 4096,
+                **fp8_claims(cuda, dist_version("triton")))
 
 
 def _refuses(case):
@@ -70,6 +79,9 @@ def _refuses(case):
         return "triton does not implement attn_mask"
     if case.spec.dropout_p:
         return "triton does not implement dropout"
+    if (case.spec.has_descales or str(case.dtype).startswith("float8")) and (
+            case.spec.cache_seqlens is not None or case.spec.num_splits is not None):
+        return "triton takes fp8 inputs and descales through its FlashAttention forward only, not its decode path"
     return None
 
 

@@ -129,7 +129,30 @@ def _lowp(x, DT: tl.constexpr, UPCAST: tl.constexpr):
         b = x.to(tl.uint32, bitcast=True)
         b = b + 0x7FFF + ((b >> 16) & 1)
         x = ((b >> 16) << 16).to(tl.float32, bitcast=True)
+    if UPCAST and (DT == tl.float8e4nv or DT == tl.float8e5):
+        x = _round_fp8(x, DT)
     return x.to(DT)
+
+
+@triton.jit
+def _round_fp8(x, DT: tl.constexpr):
+    """fp32 -> the nearest-even value of fp8 DT (e4m3fn or e5m2), still fp32; for the interpreter, whose own
+    conversion does not carry a rounded-up mantissa into the exponent (0.499 became 0.25, not 0.5). Finite
+    values within DT's range (P in [0, 1]): normals drop mantissa bits, subnormals round to the fixed quantum
+    by adding and subtracting a float32 whose ulp is that quantum."""
+    if DT == tl.float8e4nv:
+        DROP: tl.constexpr = 20  # 3 mantissa bits; normals from 2^-6, subnormal quantum 2^-9
+        MIN_NORMAL: tl.constexpr = 0.015625
+        MAGIC: tl.constexpr = 24576.0  # 1.5 * 2^14: ulp 2^-9
+    else:
+        DROP: tl.constexpr = 21  # 2 mantissa bits; normals from 2^-14, subnormal quantum 2^-16
+        MIN_NORMAL: tl.constexpr = 0.00006103515625
+        MAGIC: tl.constexpr = 192.0  # 1.5 * 2^7: ulp 2^-16
+    b = x.to(tl.uint32, bitcast=True)
+    b = b + ((1 << (DROP - 1)) - 1) + ((b >> DROP) & 1)
+    normal = ((b >> DROP) << DROP).to(tl.float32, bitcast=True)
+    sub = (x + MAGIC) - MAGIC
+    return tl.where(tl.abs(x) < MIN_NORMAL, sub, normal)
 
 
 @triton.jit

@@ -11,6 +11,10 @@ kernel:
 - IS_VARLEN (cu_seqlens: segment z of the queries sees only segment z of the keys),
 - HAS_SINKS (per-query-head sink logits: one more term exp(sink) in every row's denominator, with no
   value row; applied once, after the key loop, so a row with no visible key gives 0 and LSE = sink),
+- HAS_DESCALE (fp8 inputs with FA3's descales, per (batch, kv head), in DESC (3, B, Hkv) float32: q's, k's, v's):
+  q_descale * k_descale is folded into the softmax scale (and softcap's) in the prologue and v_descale
+  multiplies the normalised output in the epilogue; the key loop is the plain one, fp8 dots with P cast to
+  V's fp8 dtype after the running max is subtracted (`_lowp`), out in O's dtype (bfloat16),
 - head dims padded to powers of two (BLOCK_D, BLOCK_DV) with masked loads/stores,
 - UPCAST: convert dot operands to fp32 (the Triton interpreter's bf16 dot is wrong) and round to
   bf16 by hand (the interpreter truncates where a GPU rounds to nearest even).
@@ -96,6 +100,7 @@ def _attn_fwd(
     UPCAST: tl.constexpr, IEEE: tl.constexpr, HAS_SINKS: tl.constexpr = False,
     DESC_K=None, DESC_V=None, FMA: tl.constexpr = False, LAZY: tl.constexpr = False, TMA: tl.constexpr = False,
     WS: tl.constexpr = False, LPT: tl.constexpr = False,
+    DESC=None, desc_n=0, HAS_DESCALE: tl.constexpr = False,
 ):
     # speed candidates (flash_fwd_variants; all off by default): LPT runs the query blocks in reverse, so a
     # causal launch starts its longest programs first and ends on short ones (no long tail)
@@ -124,6 +129,10 @@ def _attn_fwd(
         q_mask = q_mask & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_ptrs, mask=q_mask, other=0.0)
     slope = _slope(SLOPES, b_idx, off_h, stride_az, stride_ah, HAS_ALIBI)
+    if HAS_DESCALE:  # S = (q qd)(k kd)^T scale: qd * kd joins the scale, the loop is unchanged
+        qkd = tl.load(DESC + b_idx * (H // GROUP) + off_hk) * tl.load(DESC + desc_n + b_idx * (H // GROUP) + off_hk)
+        qk_scale = qk_scale * qkd
+        softcap_scale = softcap_scale * qkd
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -167,6 +176,8 @@ def _attn_fwd(
     has = l_i > 0.0
     l_safe = tl.where(has, l_i, 1.0)
     out = acc / l_safe[:, None]
+    if HAS_DESCALE:  # out = softmax(S) (v vd): v's descale once, on the normalised output
+        out = out * tl.load(DESC + 2 * desc_n + b_idx * (H // GROUP) + off_hk)
     lse = tl.where(has, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
 
     o_ptrs = _base(O, b_idx, off_h, q_start, stride_oz, stride_oh, stride_om) \

@@ -15,6 +15,7 @@ import torch
 import triton
 
 from . import common, flash_bwd, flash_fwd, variants
+from . import fp8 as fp8_launch
 
 BIG = common.BIG
 
@@ -84,17 +85,22 @@ def _tile_config(head_dim: int, dtype: torch.dtype, device_type: str, head_dim_v
     # dQ 64x64 w4 s3 2603 / 1407 (128x64 w8 s3: 2560 / 1758); D = 128 dK/dV 64x128 w8 s3 4518 / 2635 and dQ 128x64
     # w8 s3 2515 / 1334 (best of seven each); D = 256 forward 64x64 w4 s3 489 / 428 TFLOP/s (64x32 w4 s2: 416 / 395),
     # dK/dV 64x64 w8 s2 7701 / 4430 (32x64 w4 s1: 21534 / 18081), dQ 64x32 w4 s3 3413 / 1848 (64x32 w4 s1: 3984 / 2085)
+    # Speed switches (benchmarks/perf_candidates.py on the H200, 2026-12-04 20:38, BENCHMARKS.md "Speed candidates"):
+    # D <= 64 forward fma + lpt, +4.0% geometric mean over the gate's D = 64 rows (worst +1.4%); D = 256 causal
+    # forward+backward tma + fma + lpt, +4.1% (worst +3.9%). D = 128 was not a miss and keeps the plain kernel.
     if bd <= 64:
-        return Config(64, 64, 4, 3, 32, 128, 4, 3, dq_block_m=64, dq_block_n=64, dq_warps=4, dq_stages=3)
+        return Config(64, 64, 4, 3, 32, 128, 4, 3, dq_block_m=64, dq_block_n=64, dq_warps=4, dq_stages=3,
+                      fwd_fma=True, lpt=True)
     if bd <= 128:
         return Config(64, 64, 4, 3, 64, 128, 8, 3)
-    return Config(64, 64, 4, 3, 64, 64, 8, 2, dq_block_m=64, dq_block_n=32, dq_warps=4, dq_stages=3)
+    return Config(64, 64, 4, 3, 64, 64, 8, 2, dq_block_m=64, dq_block_n=32, dq_warps=4, dq_stages=3,
+                  fwd_fma=True, fwd_tma=True, lpt=True)
 
 
-def _head_dims(p) -> dict:
+def _head_dims(p, floor: int = 16) -> dict:
     """Head dims are runtime arguments (masks only), so D = 72 and 80 share one compiled kernel; the
-    padded tiles and whether padding exists are compile-time."""
-    bd, bdv = max(16, triton_next_pow2(p.d)), max(16, triton_next_pow2(p.dv))
+    padded tiles and whether padding exists are compile-time. `floor`: the least tile (fp8 dots: 32)."""
+    bd, bdv = max(floor, triton_next_pow2(p.d)), max(floor, triton_next_pow2(p.dv))
     return dict(HEAD_DIM=p.d, HEAD_DIM_V=p.dv, BLOCK_D=bd, BLOCK_DV=bdv, EVEN_D=p.d == bd, EVEN_DV=p.dv == bdv)
 
 
@@ -133,6 +139,7 @@ class Prepared:
     win_right: int
     flags: dict
     sinks: Optional[torch.Tensor] = None  # float32 (Hq,) on q's device, or None
+    descales: Optional[torch.Tensor] = None  # float32 (3, B, Hkv): q's, k's, v's descales (1 where absent), or None
 
 
 def prepare(q, k, v, spec) -> Prepared:
@@ -142,8 +149,9 @@ def prepare(q, k, v, spec) -> Prepared:
     # out of bounds, so it is refused here (the `contract` property checks that it is)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"triton attention: q, k, v must be (B, H, L, D); got {q.dim()}-D, {k.dim()}-D, {v.dim()}-D")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"triton attention: dtype {q.dtype} is not supported (float16, bfloat16, float32)")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) and not fp8_launch.is_fp8(q.dtype):
+        raise ValueError(f"triton attention: dtype {q.dtype} is not supported (float16, bfloat16, float32; "
+                         f"float8_e4m3fn, float8_e5m2 forward only)")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"triton attention: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
     if k.shape[0] != b or v.shape[0] != b:
@@ -206,7 +214,8 @@ def prepare(q, k, v, spec) -> Prepared:
             raise ValueError(f"triton attention: spec.sinks must be (Hq,) = ({hq},), got {tuple(spec.sinks.shape)}")
         sinks = spec.sinks.detach().to(device=q.device, dtype=torch.float32).contiguous()
     return Prepared(b, hq, hkv, lq, lk, d, dv, n_batch, max_q, max_k, cu_q, cu_k, slopes, stride_az, stride_ah,
-                    scale, scale * common.LOG2E_F, softcap_scale, softcap_c2, win_left, win_right, flags, sinks)
+                    scale, scale * common.LOG2E_F, softcap_scale, softcap_c2, win_left, win_right, flags, sinks,
+                    fp8_launch.descale_table(q, spec, b, hkv))
 
 
 def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[int] = None,
@@ -214,16 +223,18 @@ def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[i
             config: Optional[Config] = None):
     """Returns (out, lse, prep): out (B, Hq, Lq, Dv) in q's dtype, lse (B, Hq, Lq) float32 natural log.
     `config` replaces the default configuration; the other keywords override single fields of it."""
+    v = fp8_launch.v_for_dot(v)  # fp8 on a GPU: V column-major (the one layout 8-bit wgmma reads); else v itself
     p = prep or prepare(q, k, v, spec)
     cfg = config or default_config(p.d, q.dtype, q.device.type, p.dv)
     bm, bn = block_m or cfg.block_m, block_n or cfg.block_n
     nw, ns = num_warps or cfg.num_warps, num_stages or cfg.num_stages
-    out = torch.empty(p.b, p.hq, p.lq, p.dv, device=q.device, dtype=q.dtype)
+    out = torch.empty(p.b, p.hq, p.lq, p.dv, device=q.device, dtype=fp8_launch.out_dtype(q.dtype))
     lse = torch.empty(p.b, p.hq, p.lq, device=q.device, dtype=torch.float32)
     if p.lq == 0 or p.n_batch == 0 or p.max_q == 0:
         return out, lse, p
+    extra = fp8_launch.launch_kwargs(p, q.dtype, bn)  # {} for a call without fp8 or descales: the kernel as before
     grid = (triton.cdiv(p.max_q, bm), p.n_batch * p.hq)
-    dims = _head_dims(p)
+    dims = _head_dims(p, fp8_launch.min_tile(q.dtype))
     st = variants.strides if cfg.nospec else _strides
     (flash_fwd._attn_fwd_nospec if cfg.nospec else flash_fwd._attn_fwd)[grid](
         q, k, v, out, lse, p.slopes if p.slopes is not None else lse,
@@ -234,7 +245,7 @@ def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[i
         p.hq, p.hq // p.hkv, p.lq, p.lk,
         p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
         **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns, **p.flags,
-        HAS_SINKS=p.sinks is not None, **variants.fwd_switches(cfg, p, k, v, bn, dims, interpreting()),
+        HAS_SINKS=p.sinks is not None, **variants.fwd_switches(cfg, p, k, v, bn, dims, interpreting()), **extra,
     )
     return out, lse, p
 
@@ -247,6 +258,7 @@ def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = 
     (float32 (Hq,)) receives their gradient: the LSE saved by the forward includes the sink, so the
     kernels' P and dS need no change, and dsink_h = -sum_{b,i} exp(sink_h - LSE_i) * delta_i."""
     p = prep or prepare(q, k, v, spec)
+    fp8_launch.refuse_backward(q.dtype, p)
     cfg = config or default_config(p.d, q.dtype, q.device.type, p.dv)
     if block_m or block_n:
         cfg = replace(cfg, bwd_block_m=block_m or cfg.bwd_block_m, bwd_block_n=block_n or cfg.bwd_block_n,

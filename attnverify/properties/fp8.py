@@ -170,7 +170,7 @@ class DescaleLinearity(Fp8Property):
         if not exact:
             scaled64 = x.double() * f
             x2, d2 = quantize(scaled64, None, case.dtype), (d.double() / f).to(torch.float32)
-        x2 = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x2)
+        x2 = _laid_out_like(x, x2)
         spec2 = case.spec.replace(**{d_name: d2})
         tensors = {"q": case.q, "k": case.k, "v": case.v, name: x2}
         scaled = dataclasses.replace(case, q=tensors["q"], k=tensors["k"], v=tensors["v"], spec=spec2)
@@ -197,6 +197,17 @@ class DescaleLinearity(Fp8Property):
                          f"scaled: {what} (exact in {case.dtype}: the same values stand for the same numbers)"]
                         + problems + [f"relative L2 change of out: {rel:.3g}", f"parameters: {params}"])
         return ExampleResult(False, msg, severity=max(1.0 + rel * 100, 1.0 + 1e-9), case=scaled.to_dict())
+
+
+def _laid_out_like(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """`values` in x's memory layout: its strides, and an expanded x's stride-0 dims expanded again (one copy of the
+    values along them: x's values are equal there, so the scaled ones are too)."""
+    base = values
+    for i, (n, stride) in enumerate(zip(x.shape, x.stride())):
+        if stride == 0 and n > 1:
+            base = base.narrow(i, 0, 1)
+    out = torch.empty_strided(base.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(base)
+    return out.expand(x.shape)
 
 
 def _rel(a, b) -> float:
