@@ -160,10 +160,14 @@ class FlashPrecisionGrad(torch.autograd.Function):
         ds = ds.to(dt).float()
         scale = spec.resolved_scale(d)
         half = bug == "ds_acc_half"
-        step = 1 if half else TILE  # the half accumulator takes one key (query) at a time, as CUDA-core code does
-        dq = _accumulate([ds[..., j:j + step] @ kk[:, :, j:j + step] for j in range(0, lk, step)], dt, half)
-        dk = _accumulate([ds[:, :, i:i + step].transpose(-1, -2) @ q[:, :, i:i + step].float()
-                          for i in range(0, lq, step)], dt, half)
+        if half:  # one key (query) at a time, as CUDA-core code does: outer products (exact in float32), not a GEMM call
+            qf = q.float()
+            dq = _accumulate([ds[..., j:j + 1] * kk[:, :, j:j + 1] for j in range(lk)], dt, True)
+            dk = _accumulate([ds[:, :, i:i + 1].transpose(-1, -2) * qf[:, :, i:i + 1] for i in range(lq)], dt, True)
+        else:
+            dq = _accumulate([ds[..., j:j + TILE] @ kk[:, :, j:j + TILE] for j in range(0, lk, TILE)], dt, False)
+            dk = _accumulate([ds[:, :, i:i + TILE].transpose(-1, -2) @ q[:, :, i:i + TILE].float()
+                              for i in range(0, lq, TILE)], dt, False)
         dq = (dq * scale) if dq is not None else torch.zeros(q.shape, device=q.device)
         dk = (dk * scale) if dk is not None else torch.zeros(b, hq, lk, d, device=q.device)
         if g > 1:
