@@ -99,6 +99,10 @@ class CaseRecipe:
     # key's k[..., 0] = gap / scale): the softmax is dominated by it and P's small entries meet fp8's flush
     dominant_key: Optional[int] = None
     dominant_gap: float = 0.0
+    # every key shares this component along head dim 0 (k[..., 0] += key_offset): a per-row constant added to the
+    # scores, so out, LSE and dQ are unchanged in exact arithmetic (sum_j dS_ij = 0 cancels it from dQ), while the
+    # partial sums of a dQ accumulator carry it (issue 20: a half dQ accumulator, with a dominant first key)
+    key_offset: float = 0.0
     # learnable sinks (Spec.sinks) from their description {"kind", "level", "seed"} (attnverify/sink_logits.py)
     sinks: Optional[Dict[str, Any]] = None
     attention_chunk: Optional[int] = None  # chunked local attention (Spec.attention_chunk)
@@ -194,6 +198,8 @@ class Case:
                 parts.append(f"layout={r.layout}")
             if r.dominant_key is not None and r.len_k:
                 parts.append(f"key {r.dominant_key % r.len_k} dominant (+{r.dominant_gap:g})")
+            if r.key_offset:
+                parts.append(f"key_offset={r.key_offset:g}")
         if s.has_descales:
             parts.append(describe_descales(s))
         return " ".join(parts)
@@ -385,6 +391,8 @@ def build_case(r: CaseRecipe, *, label: str = "", values: bool = True) -> Case:
     if r.dominant_key is not None and lk:  # (taken modulo Lk, so a shrunk Lk keeps its dominant key)
         q[..., 0] = 1.0
         k[:, :, r.dominant_key % lk, 0] = r.dominant_gap / Spec(scale=r.scale).resolved_scale(d)
+    if r.key_offset and lk:
+        k[..., 0] += r.key_offset
     mask = _mask_for(r, gen)
     slopes = None
     if r.alibi:

@@ -91,6 +91,17 @@ def _draw_values(rng: random.Random, r: av.CaseRecipe) -> None:
         r.v_mean = rng.choice([-30.0, 5.0, 100.0])
 
 
+def dominant_key_family(rng: random.Random, r: av.CaseRecipe) -> av.CaseRecipe:
+    """--family dominant-key: the plain draw with one key dominating every row (one of the first keys, a gap of
+    3-8) and, mostly, a key offset: the values of the backward precision corpus entries
+    (attnverify/strategies/_corpus.py), over every shape and feature, for correct kernels (no false positive)."""
+    if r.len_k:
+        r.dominant_key = rng.choice([0, 0, 1, min(15, r.len_k - 1)])
+        r.dominant_gap = rng.choice([3.0, 4.0, 5.0, 6.0, 8.0])
+        r.key_offset = rng.choice([0.0, 1.0, 4.0, 8.0])
+    return r
+
+
 def pooled_recipe(rng: random.Random, adapter, pool: list) -> av.CaseRecipe:
     """--shape-pool: one of the pool's recipes (shape, features, mask kind, scale: what a compiled kernel
     specialises on) with a fresh seed and fresh adversarial values, so compiled kernels are reused while
@@ -148,7 +159,8 @@ def _dump(args, stats, fails, t0, worst=None):
            ("cuda" if torch.cuda.is_available() else "cpu"),
            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
            "n_per_combo": args.n, "forward_only": bool(getattr(args, "forward_only", False)), "summary": summary,
-           "seed": args.seed, "shape_pool": args.shape_pool, "max_len": args.max_len, "max_head_dim": args.max_head_dim, "worst": worst,
+           "seed": args.seed, "family": getattr(args, "family", "plain"), "shape_pool": args.shape_pool,
+           "max_len": args.max_len, "max_head_dim": args.max_head_dim, "worst": worst,
            "failures": fails, "seconds": time.time() - t0, "values": values}
     if args.json:
         with open(args.json, "w") as f:
@@ -173,6 +185,8 @@ def main(argv=None):
                          "case one of them with fresh data: compiled kernels (Triton, flex, jax on a GPU) are reused")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (several runs sharing a machine: 1)")
     ap.add_argument("--max-head-dim", type=int, default=0, help="draw only head dims up to this")
+    ap.add_argument("--family", choices=("plain", "dominant-key"), default="plain",
+                    help="dominant-key: every case gets the backward precision corpus entries' values (dominant_key_family)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop drawing after this many seconds and record the cases done (a killed run records none)")
     args = ap.parse_args(argv)
@@ -202,6 +216,8 @@ def main(argv=None):
                     break
                 rec = (pooled_recipe(rng, a, pool) if pool else
                        random_recipe(rng, a, dt, dev, args.big, args.max_len, args.max_head_dim))
+                if args.family == "dominant-key":
+                    rec = dominant_key_family(rng, rec)
                 res = av.check(a, av.build_case(rec), keep_tensors=False, backward=False if args.forward_only else None)
                 key = f"{name}/{dt}"
                 stats[key]["status_" + res.status].append(1)

@@ -774,9 +774,34 @@ def test_shared_finding_patterns_match_only_their_finding():
                   seen.replace("out: ok", "out: MISMATCH"),
                   seen.replace("'nan')]\n", "'nan'), ('v', 0, 0, 3, 1, 'nan')]\n")):
         assert not re.search(NAN_Q_ROW_SWALLOWED, other), other
+    from attnverify.adapters._findings import CPU_FLASH_SWALLOWED
+
     for name in ("flex", "sdpa", "sdpa-flash"):
         a = get(name)
         if "nonfinite_inputs_propagate" in a.known_failures:
-            assert a.known_patterns["nonfinite_inputs_propagate"] == NAN_Q_ROW_SWALLOWED
+            want = NAN_Q_ROW_SWALLOWED if name == "flex" else CPU_FLASH_SWALLOWED
+            assert a.known_patterns["nonfinite_inputs_propagate"] == want
         if "contract" in a.known_failures:
             assert a.known_patterns["contract"] == DIFFERENT_KV
+
+
+def test_cpu_flash_inf_key_pattern_matches_only_its_finding():
+    """CPU flash (torch 2.13, fp16/bf16) returns finite rows where a key holding +inf scores +inf in every row
+    (benchmarks/repro_sdpa_flash_inf_key.py); the message is the verbatim one of `attnverify run --adapter sdpa-flash
+    --profile ci --max-examples 1` on the corpus entry backward-dominant-key-wide-head."""
+    from attnverify.adapters._findings import CPU_FLASH_SWALLOWED, INF_KEY_SWALLOWED
+
+    seen = ("nonfinite_inputs_propagate failed for sdpa-flash (profile ci)\n"
+            "shrunk case: B=1 Hq=1 Hkv=1 Lq=16 Lk=64 D=16 float16 poison=[('k', 0, 0, 63, 0, 'inf')] key 0 dominant (+8)\n"
+            "16 row(s) finite where the reference is non-finite (e.g. (b, h, i) = (0, 0, 0): the NaN/Inf was swallowed)\n"
+            "out: ok (rel L2 0.00e+00 <= 7.47e-04, max abs 0.00e+00)\n"
+            "poison: [('k', 0, 0, 63, 0, 'inf')]")
+    assert re.search(INF_KEY_SWALLOWED, seen) and re.search(CPU_FLASH_SWALLOWED, seen)
+    for other in (seen.replace("'inf')]", "'-inf')]"), seen.replace("'inf')]", "'nan')]"),
+                  seen.replace("out: ok", "out: MISMATCH"), seen.replace("poison: [('k'", "poison: [('v'"),
+                  seen.replace("'inf')]", "'inf'), ('v', 0, 0, 3, 1, 'nan')]")):
+        assert not re.search(INF_KEY_SWALLOWED, other), other
+    for name in ("sdpa-flash", "keras-torch", "hf-sdpa"):
+        a = get(name)
+        if "nonfinite_inputs_propagate" in a.known_failures:
+            assert a.classify("nonfinite_inputs_propagate", seen)[0] == "known"

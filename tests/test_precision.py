@@ -139,6 +139,37 @@ def test_a_semantic_bug_is_not_called_precision():
     assert not diagnose_result(res, adapter=m.adapter).summary.startswith("precision")
 
 
+@pytest.mark.parametrize("name", ["bwd-dk-missing-scale", "bwd-always-causal"])
+def test_a_backward_semantic_bug_is_not_called_precision(name):
+    """The diagnosis counts a gradient error within PRECISION_MAX_BOUND times its bound as precision (against a
+    cancelling sum a few roundings read as tens of u); a backward semantic bug is far outside that."""
+    from attnverify.diagnose import diagnose_result
+
+    m = get_member(name)
+    res = av.check(m.adapter, av.build_case(_recipe("float16", len_k=64, return_lse=False)), backward=True)
+    assert res.status == "failed"
+    assert not diagnose_result(res, adapter=m.adapter).summary.startswith("precision")
+
+
+def test_the_backward_members_corpus_entries_catch_them_and_pass_a_correct_kernel():
+    """The two backward corpus entries (attnverify/strategies/_corpus.py): each catches its member (over its bound,
+    within PRECISION_MAX_BOUND of it), and a user's kernel with float32 accumulators and naive pass both."""
+    from attnverify.precision_diagnosis import PRECISION_MAX_BOUND
+    from attnverify.strategies import corpus
+
+    entries = {r.tags[0]: r for r in corpus(user_flash, profile="ci")}
+    for label, member in (("backward-dominant-first-key-offset", "flash-bwd-ds-acc-half"),
+                          ("backward-dominant-key-wide-head", "flash-bwd-delta-half")):
+        case = av.build_case(entries[label])
+        bad = av.check(get_member(member).adapter, case, backward=True)
+        assert bad.status == "failed", (label, member)
+        worst = max(max(c.rel_l2 / c.tol_norm, c.max_abs / c.allowed_at_worst) for c in bad.comparisons if not c.passed)
+        assert 1.0 < worst and all(c.rel_l2 <= PRECISION_MAX_BOUND * c.tol_norm for c in bad.comparisons), label
+        for good in (user_flash, registry.get("naive")):
+            res = av.check(good, case, backward=True)
+            assert res.passed, (label, good.name, res.message())
+
+
 def test_rows_declared_nan_are_left_out_of_the_baseline_too():
     """A user's kernel that returns NaN on rows with no visible key (declared): those rows are not compared,
     so they must not dilute the baseline's error either (half the rows counted would tighten the bound by

@@ -32,9 +32,9 @@ def naive_attention(q, k, v, spec: Spec, *, return_keep: bool = True):
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     g = hq // hkv
-    kk = k.repeat_interleave(g, dim=1) if g > 1 else k
-    vv = v.repeat_interleave(g, dim=1) if g > 1 else v
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    kk = _RepeatHeads.apply(k, g, acc) if g > 1 else k
+    vv = _RepeatHeads.apply(v, g, acc) if g > 1 else v
     bias, vis = score_bias_and_visibility(spec, b, hq, lq, lk, q.device, dtype=acc)
     keep = keep_mask(spec, (b, hq, lq, lk), q.device)
     if not spec.is_varlen:
@@ -61,6 +61,39 @@ def naive_attention(q, k, v, spec: Spec, *, return_keep: bool = True):
     if p_dtype is not None:
         out = out.to(torch.bfloat16)
     return Output(out, lse=lse if spec.return_lse else None, dropout_mask=keep if return_keep else None)
+
+
+class _RepeatHeads(torch.autograd.Function):
+    """K or V repeated to the g query heads of its group, in `acc`. Backward: each query head's share of dK / dV
+    is rounded to the input dtype's precision and the g shares are summed, as FlashAttention-2's interface does
+    for GQA (dk_expanded in the input dtype, summed per group) -- the rounding the calibrated bounds were measured
+    with. A share beyond the dtype's range keeps its value at the dtype's precision instead of becoming inf:
+    repeated in fp16 and then upcast, one query head's share of dK above 65504 made dK inf where the exact sum
+    fits (benchmarks/repro_naive_gqa_dk_overflow.py); the sum is rounded to the input dtype once, and is inf only
+    where the exact dK is beyond the range too."""
+
+    @staticmethod
+    def forward(ctx, x, g, acc):
+        ctx.dtype, ctx.g = x.dtype, g
+        return x.to(acc).repeat_interleave(g, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        shares = _round_unbounded(grad, ctx.dtype)
+        b, hq = shares.shape[:2]
+        return shares.view(b, hq // ctx.g, ctx.g, *shares.shape[2:]).sum(2).to(ctx.dtype), None, None
+
+
+def _round_unbounded(x, dtype):
+    """x rounded to `dtype`'s precision, in x's dtype; values beyond dtype's range rounded at the same relative
+    precision (scaled by a power of two, exact) instead of overflowing to inf."""
+    if x.dtype == dtype:
+        return x
+    big = x.abs() > torch.finfo(dtype).max / 2
+    if not bool(big.any()):
+        return x.to(dtype).to(x.dtype)
+    k = 2.0 ** 16  # fp16 (max 65504) is the narrow one: a share up to 4e9 keeps 11 bits
+    return torch.where(big, (x / k).to(dtype).to(x.dtype) * k, x.to(dtype).to(x.dtype))
 
 
 class _SoftmaxPV(torch.autograd.Function):

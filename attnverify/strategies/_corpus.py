@@ -60,6 +60,17 @@ def templates(tiles=None) -> List[CaseRecipe]:
         # precision (issue 20): plain inputs over the longest keys a profile allows (256): an accumulator
         # kept in fp16/bf16 rounds once per key tile, and only many tiles lift it above a correct kernel's rounding
         _t("long-keys-precision", heads_q=2, heads_kv=2, len_q=64, len_k=256, head_dim=64, dtype="float16", seed=17),
+        # backward precision (issue 20): the first key dominates every row and all keys share a component
+        # (key_offset): dQ's exact sum cancels the offset, but the partial sums of a dQ accumulator carry the first
+        # key's large dS * (its key + offset) while the other keys' small dS pay it back one by one -- an fp16 dQ
+        # accumulator drops them (13-21 u, 2x the bound; a float32 one 0.3 u)
+        _t("backward-dominant-first-key-offset", heads_q=2, heads_kv=2, len_q=64, len_k=256, head_dim=64,
+           dtype="float16", dominant_key=0, dominant_gap=5.0, key_offset=4.0, seed=18),
+        # a wide head under a dominant key: D = rowsum(dO * O) sums 256 products; summed in fp16 it errs ~sqrt(Dv)
+        # times the rounding of O that a correct kernel's D carries, and the near one-hot softmax leaves dS = P (dP - D)
+        # small next to that error
+        _t("backward-dominant-key-wide-head", heads_q=2, heads_kv=2, len_q=16, len_k=64, head_dim=256,
+           dtype="float16", dominant_key=0, dominant_gap=8.0, seed=19),
     ]
     return out
 
