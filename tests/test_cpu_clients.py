@@ -270,3 +270,34 @@ def test_keras_declares_the_contract_findings_of_its_backends():
     assert get("keras-torch").known_patterns == {"contract": DIFFERENT_KV, "nonfinite_inputs_propagate": NAN_Q_ROW_SWALLOWED}
     assert get("keras-jax").known_patterns == {"contract": DIFFERENT_KV}
     assert "F29" in get("keras-jax").known_failures["contract"]
+
+
+def test_ort_gqa_sinks_go_through_head_sink():
+    """ort-gqa claims sinks: GroupQueryAttention's head_sink "(num_heads). Each head has a smooth factor adding to the
+    denominator of softmax" (onnxruntime 1.31.1). With it the sink cases match the reference; the same operator with
+    the sinks left out fails them, so the check sees the sink."""
+    import attnverify as av
+
+    _need("ort-gqa")
+    a = get("ort-gqa")
+    assert a.claims.sinks
+    ran = 0
+    for kw in (dict(), dict(causal="bottom_right"), dict(causal="bottom_right", len_q=1, dtype="float16"),
+               dict(causal="bottom_right", len_q=13)):
+        for sinks in ({"kind": "normal", "level": 2.0, "seed": 3}, {"kind": "dominant", "level": 1.0, "seed": 4}):
+            case = build_case(CaseRecipe(**{**BASE, **kw, "sinks": sinks}))
+            if a.refuses(case):
+                continue
+            res = check(a, case, backward=False)
+            assert res.passed, (kw, sinks, res.message()[:1200])
+            ran += 1
+
+    @av.adapter("ort-gqa-sinks-dropped", register=False, causal=("none", "bottom_right"), gqa=True, sinks=True,
+                head_dims=(16,))
+    def dropped(q, k, v, spec):  # the sinks never reach the operator
+        return a.fn(q, k, v, spec.replace(sinks=None))
+
+    res = check(dropped, build_case(CaseRecipe(**{**BASE, "sinks": {"kind": "normal", "level": 2.0, "seed": 3}})),
+                backward=False)
+    assert not res.passed and "out" in [c.name for c in res.failing()]
+    assert ran >= 6
