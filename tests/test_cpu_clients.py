@@ -301,3 +301,29 @@ def test_ort_gqa_sinks_go_through_head_sink():
                 backward=False)
     assert not res.passed and "out" in [c.name for c in res.failing()]
     assert ran >= 6
+
+
+def test_hf_chunked_attention_goes_through_transformers_mask():
+    """hf-sdpa and hf-eager claim attention_chunk: masking_utils.chunked_causal_mask_function (Llama 4's
+    attention_chunk_size). Chunk cases match the reference; the same call with the chunk left out fails."""
+    import attnverify as av
+
+    for name in ("hf-sdpa", "hf-eager"):
+        _need(name)
+        a = get(name)
+        assert a.claims.attention_chunk
+        for kw in (dict(causal="bottom_right", attention_chunk=4), dict(causal="bottom_right", len_q=1, attention_chunk=5),
+                   dict(causal="top_left", len_q=13, attention_chunk=3)):
+            case = build_case(CaseRecipe(**{**BASE, **kw}))
+            assert not a.refuses(case), kw
+            res = check(a, case, backward=True)
+            assert res.passed, (name, kw, res.message()[:1200])
+        assert a.refuses(build_case(CaseRecipe(**{**BASE, "attention_chunk": 4})))  # chunks without causal
+
+        @av.adapter(f"{name}-chunk-dropped", register=False, causal=("bottom_right",), gqa=True, attention_chunk=True)
+        def dropped(q, k, v, spec, a=a):  # the chunk never reaches the mask
+            return a.fn(q, k, v, spec.replace(attention_chunk=None))
+
+        res = check(dropped, build_case(CaseRecipe(**{**BASE, "causal": "bottom_right", "attention_chunk": 4})),
+                    backward=False)
+        assert not res.passed
