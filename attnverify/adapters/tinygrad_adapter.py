@@ -98,7 +98,7 @@ def _to_tiny(t: torch.Tensor):
 
 @adapter(
     "tinygrad",
-    on_request_cpu="about 6 s an example (one clang compile per shape): over 10 minutes on a 2-core CPU",
+    on_request_cpu="ci profile 2,260 s on a 2-core CPU shared with other jobs (a clang compile per shape)",
     description="tinygrad Tensor.scaled_dot_product_attention on tinygrad's CPU device (clang)",
     availability=_available, refuses=_refuses,
     dtypes=_DTYPES, devices=("cpu",), head_dims=lambda d: 1 <= d <= 512, max_seqlen=4096,
