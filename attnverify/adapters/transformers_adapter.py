@@ -51,6 +51,9 @@ _EAGER_FINDINGS = {p: {"why": "transformers 5.23 eager attention rounds the scor
                              "row_shift_invariance", "nonfinite_inputs_propagate", "outputs_fully_written",
                              "no_out_of_bounds", "kv_permutation_invariance", "batch_head_independence", "value_scaling",
                              "gqa_equals_repeated_kv", "repeat_and_interleave_stable")}
+# chunked_matches_reference runs for hf-eager since it claims attention_chunk: the ci run of 2026-12-04 (seed 24) saw
+# F30 there (float16, row_shift 1000, top-left causal with chunks); not strict: seen on one draw
+_EAGER_FINDINGS["chunked_matches_reference"] = {**_EAGER_FINDINGS["forward_matches_reference"], "strict": False}
 _SDPA_FINDINGS = {
     "nonfinite_inputs_propagate": {"why": "hf-sdpa runs torch SDPA's CPU flash kernel (torch 2.13), which returns "
                                           "numbers for a query row holding NaN (as sdpa-flash; docs/tolerances.md)",
