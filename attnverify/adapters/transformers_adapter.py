@@ -49,8 +49,10 @@ _EAGER_FINDINGS = {p: {"why": "transformers 5.23 eager attention rounds the scor
                        "match": HALF_SCORES_OUT}
                    for p in ("forward_matches_reference", "gradients_match_reference", "causal_alignment",
                              "row_shift_invariance", "nonfinite_inputs_propagate", "outputs_fully_written",
-                             "no_out_of_bounds", "kv_permutation_invariance", "batch_head_independence", "value_scaling",
-                             "gqa_equals_repeated_kv", "repeat_and_interleave_stable")}
+                             "no_out_of_bounds")}
+# the 7 properties the first ci run saw fail; kv_permutation_invariance, batch_head_independence, value_scaling,
+# gqa_equals_repeated_kv and repeat_and_interleave_stable (the adapter against itself) were declared too without a
+# failure behind them, and XPASSed (strict) in the full ci run of 2026-12-04 evening (seed 24): no longer declared
 # chunked_matches_reference runs for hf-eager since it claims attention_chunk: the ci run of 2026-12-04 (seed 24) saw
 # F30 there (float16, row_shift 1000, top-left causal with chunks); not strict: seen on one draw
 _EAGER_FINDINGS["chunked_matches_reference"] = {**_EAGER_FINDINGS["forward_matches_reference"], "strict": False}
