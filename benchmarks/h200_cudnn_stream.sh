@@ -2,7 +2,7 @@
 # On the H200 (torch 2.11+cu130, attnverify not installed), from the repository root: ~1.5 min when nothing hangs,
 # at most ~4 min when everything does:
 #   OUT=/some/dir bash benchmarks/h200_cudnn_stream.sh        # default OUT=/tmp/h200_cudnn_stream
-# 1. side_stream.log: benchmarks/repro_cudnn_side_stream.py (F35: cuDNN forward + backward on a side stream,
+# 1. side_stream.log: benchmarks/repro_cudnn_side_stream.py (F35, withdrawn: cuDNN forward + backward on a side stream,
 #    B=1 H=2 Lq=1 Lk=65 D=64 fp16): phase 1 the case alone, phase 2 eight variants side by side; exit 0 = hang /
 #    error / wrong answer reproduced, 1 = not reproduced;
 # 2. f13.log: benchmarks/repro_sdpa_dropout.py --flash 10 (F13: is the flash backend's 8-bit keep rate there in
@@ -12,6 +12,8 @@
 #    `attnverify run --adapter sdpa-cudnn -k non_default_stream` with the re-run's seed (it drew the case as
 #    example 3), one worker, nothing else on the GPU; results_property.jsonl.gz is its journal;
 # 4. summary.txt: the verdict lines of the three.
+# Ran on 2026-12-04 20:38 UTC (torch 2.11.0+cu130, cuDNN 91900): F35 not reproduced (withdrawn), F13's 8-bit keep
+# rate in all 10 repeats; outputs in benchmarks/results/h200_2026-12-04/cudnn_stream/ (docs/compatibility.md F13, F35).
 # At most 5 files in $OUT. Per-child deadline of the repro: REPRO_DEADLINE (default 25 s).
 set -u
 OUT=${OUT:-/tmp/h200_cudnn_stream}; mkdir -p "$OUT"
