@@ -221,3 +221,24 @@ def mine(q, k, v, spec):
                               "*test_sink_as_extra_key?mine-gptoss? PASSED*",
                               "*test_sink_limits?mine-gptoss? PASSED*",
                               "*mine-gptoss does not claim attention_chunk*"])
+
+
+def test_chunked_matches_reference_skips_a_chunk_the_adapter_refuses(tmp_path, monkeypatch):
+    """The property adds the chunk to a drawn case; a kernel that takes chunks only with causal attention (as
+    transformers' chunked_causal_mask_function) refuses the others in `refuses`. Those examples skip, saying why --
+    the adapter is never called on them (it used to end in check's UsageError) -- and the causal ones pass."""
+    monkeypatch.chdir(tmp_path)
+    called_without_causal = []
+
+    @av.adapter("mine-chunks-causal", register=False, causal=("none", "bottom_right"), attention_chunk=True,
+                refuses=lambda case: ("chunks come with causal" if case.spec.attention_chunk is not None
+                                      and case.spec.causal == "none" else None))
+    def mine(q, k, v, spec):
+        if spec.attention_chunk is not None and spec.causal == "none":
+            called_without_causal.append(spec.attention_chunk)
+        return get("naive")(q, k, v, spec)
+
+    run = _run("chunked_matches_reference", mine, max_examples=12)
+    assert not called_without_causal
+    assert run.statuses.get("passed", 0) >= 1 and run.statuses.get("error", 0) == 0, run.statuses
+    assert run.statuses.get("skipped", 0) >= 1, run.statuses

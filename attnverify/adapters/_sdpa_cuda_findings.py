@@ -7,6 +7,7 @@ a declaration hides that failure and nothing else. Where one property has two fi
 """
 from __future__ import annotations
 
+
 from ._findings import FULLY_MASKED_NOT_ZERO, OUTPUT_RIGHT
 
 # the shrunk case's mask has a key dimension of 1: broadcast along the keys, e.g. bool(1, 1, 9, 1) or
@@ -16,14 +17,16 @@ _KEY_BROADCAST_CASE = r"shrunk case: [^\n]* mask=\w+\(\d+, \d+, \d+, 1\)"
 _JUDGED = r"^(?![\s\S]*(?:\] ERROR:|the property raised))"
 
 
-def finding(why: str, match: str) -> dict:
-    return {"why": why, "match": match}
+def finding(why: str, match: str, strict: bool = True) -> dict:
+    """A declared finding; `strict=False` where a run may not show it (the reason says why): a pass is then a pass,
+    not a strict XPASS (docs/adapters.md, `known_failures`)."""
+    return {"why": why, "match": match} if strict else {"why": why, "match": match, "strict": False}
 
 
 def combine(*findings: dict) -> dict:
-    """Several findings of one property: either reason, either pattern."""
-    return {"why": "; ".join(f["why"] for f in findings),
-            "match": "|".join(f"(?:{f['match']})" for f in findings)}
+    """Several findings of one property: either reason, either pattern; strict unless one of them is not."""
+    return finding("; ".join(f["why"] for f in findings), "|".join(f"(?:{f['match']})" for f in findings),
+                   strict=all(f.get("strict", True) for f in findings))
 
 
 F10 = finding(
@@ -41,12 +44,17 @@ F12 = finding(
     "against it is -inf, where the exact output is finite (docs/compatibility.md F12; benchmarks/repro_inf_key_nan.py: "
     "11 of 11 such rows, any Lk; fp16/bf16 and math are right)",
     r"shrunk case: [^\n]*\bfloat32\b[^\n]*poison=\[[^\n]*\('k', [^\n]*'inf'\)[\s\S]*\bout: MISMATCH\n  \d+ non-finite")
+# not strict: the bias is deterministic but small (1/640 of the keep probability at p = 0.1 and 0.9, none at 0.5),
+# and the dropout property's binomial test (p-value < 1e-6) sees it only with ~9e5 draws or more in one example;
+# the ci profile's 8 examples drew at most 48,640 (H200 re-run of 2026-12-04: XPASS(strict)), the thorough run's
+# targeting found it at 293,378
 F13 = finding(
     "FlashAttention-2's dropout in SDPA's flash backend (torch 2.11, H200) keeps with probability "
     "(floor(255 (1-p)) + 1) / 256, not 1 - p, and rescales by 1 / (1-p): kept 0.10155 of 16,777,216 draws at "
     "p = 0.9 (fp16; expected 0.1, binomial p-value 4e-99) and 0.89833 at p = 0.1 (docs/compatibility.md F13; "
-    "benchmarks/repro_sdpa_dropout.py)",
-    r"kept fraction \d\.\d+ over \d+ draws")
+    "benchmarks/repro_sdpa_dropout.py). Not strict: the bias is 1/640 at p = 0.1 and 0.9 and 0 at p = 0.5, which "
+    "the dropout property's binomial test sees only from ~9e5 draws in one example, so most runs pass it",
+    r"^(?![\s\S]*dropout p=0\.5:)[\s\S]*kept fraction \d\.\d+ over \d+ draws", strict=False)
 F26 = finding(
     "cuDNN's SDPA (torch 2.11, H200) gives neither 0 (PyTorch's stance since 2.5) nor NaN on a fully-masked row: "
     "-0.887 where 0 is expected, bool mask (2, 1, 9, 1), fp16, and the gradients of the other rows go wrong with it "
@@ -78,6 +86,9 @@ F33 = finding(
     "different heads and batches are independent)",
     r"shrunk case: B=(?:[2-9]|\d\d+) Hq=(?:[2-9]|\d\d+) [^\n]*dropout_p=[^\n]*\n[\s\S]*kept fraction \d\.\d+ over "
     r"\d+ draws")
+
+# F35 (cuDNN side-stream timeout, seen once in sdpa_rerun2) is withdrawn: not reproduced on the H200 alone nor side by
+# side, and the property's seeded run shows F10 there (docs/compatibility.md F35)
 
 _F32_PROPERTIES = ("inputs_unmodified", "batch_head_independence", "row_shift_invariance", "cuda_graph_replay",
                    "repeat_and_interleave_stable")

@@ -161,6 +161,9 @@ class Adapter:
     # property name -> regular expression a failure's message must match to be that known finding
     # (from known_failures={prop: {"why": ..., "match": ...}}); a failure that does not match is new
     known_patterns: Dict[str, str] = field(default_factory=dict)
+    # the declared findings that a run may not show ({"strict": False}: intermittent, or seen only by rare
+    # draws): a pass of such a property is a pass, not a strict XPASS
+    known_not_strict: Tuple[str, ...] = ()
     # Seconds one example may take at the least under subprocess isolation, whatever --attn-timeout says:
     # for adapters whose first call on a new shape compiles (torch.compile'd flex on a CPU: minutes).
     min_timeout: Optional[float] = None
@@ -203,6 +206,9 @@ class Adapter:
         "known" (note: the declared reason); "failed" (note: why a declaration did not cover it, or "")."""
         why = self.known_failures.get(prop)
         if message is None:
+            if why and prop in self.known_not_strict:
+                return "passed", (f"{self.name}'s declared finding for {prop} did not show in this run (declared "
+                                  f"not strict: {why})")
             if why:
                 return "xpass", (f"{self.name} declares a known finding for {prop} ({why}), but it did not reproduce: "
                                  f"if it is fixed, remove it from known_failures")
@@ -234,15 +240,18 @@ def _device_present(dev: str) -> bool:
     return False
 
 
-def validate_known_failures(name: str, known) -> Tuple[Dict[str, str], Dict[str, str]]:
-    """{property name: reason} or {property name: {"why": reason, "match": regex}} -> (reasons, patterns).
-    Each reason says what fails and where the evidence is; a `match` narrows the finding to failures whose
-    message it matches (re.search), so the declaration cannot hide a different failure of the property."""
+def validate_known_failures(name: str, known) -> Tuple[Dict[str, str], Dict[str, str], Tuple[str, ...]]:
+    """{property name: reason} or {property name: {"why": reason, "match": regex, "strict": bool}} ->
+    (reasons, patterns, not_strict). Each reason says what fails and where the evidence is; a `match` narrows the
+    finding to failures whose message it matches (re.search), so the declaration cannot hide a different failure
+    of the property; `"strict": False` (default True) for a finding a run may not show (intermittent, or only on
+    rare draws; the reason says why): its property passing is then a pass, not a strict XPASS."""
     usage = (f"attnverify.adapter({name!r}, known_failures=...): give a dict of property name -> reason, e.g. "
              "{'nonfinite_inputs_propagate': 'swallows NaN rows (upstream issue #123)'}, or -> {'why': reason, "
-             "'match': a regular expression the failure's message must match}")
+             "'match': a regular expression the failure's message must match, 'strict': False for a finding a run "
+             "may not show}")
     if known is None:
-        return {}, {}
+        return {}, {}, ()
     if not isinstance(known, dict) or not all(isinstance(k, str) for k in known):
         raise TypeError(usage)
     if known:
@@ -253,16 +262,23 @@ def validate_known_failures(name: str, known) -> Tuple[Dict[str, str], Dict[str,
             if prop not in names:
                 raise ValueError(f"attnverify.adapter({name!r}, known_failures={{{prop!r}: ...}}): unknown property "
                                  f"{prop!r}; use a property name: {', '.join(names)}")
-    reasons, patterns = {}, {}
+    reasons, patterns, not_strict = {}, {}, []
     for prop, v in known.items():
         if isinstance(v, dict):
-            extra = sorted(set(v) - {"why", "match"})
+            extra = sorted(set(v) - {"why", "match", "strict"})
             if extra or "why" not in v:
                 raise TypeError(f"attnverify.adapter({name!r}, known_failures[{prop!r}]={v!r}): "
                                 + (f"unknown key(s) {extra}" if extra else "no 'why'")
                                 + "; give {'why': the reason and its evidence, 'match': an optional regular "
-                                  "expression the failure's message must match}")
+                                  "expression the failure's message must match, 'strict': False for a finding a "
+                                  "run may not show}")
             why, pattern = v["why"], v.get("match")
+            if not isinstance(v.get("strict", True), bool):
+                raise TypeError(f"attnverify.adapter({name!r}, known_failures[{prop!r}]['strict']="
+                                f"{v['strict']!r}): give True (the default: a pass is a strict XPASS) or False "
+                                f"(a run may not show the finding: a pass is a pass)")
+            if v.get("strict") is False:
+                not_strict.append(prop)
         else:
             why, pattern = v, None
         if not isinstance(why, str) or not why.strip() or not (pattern is None or isinstance(pattern, str)):
@@ -275,7 +291,7 @@ def validate_known_failures(name: str, known) -> Tuple[Dict[str, str], Dict[str,
                                  f"not a regular expression ({e})") from None
             patterns[prop] = pattern
         reasons[prop] = why
-    return reasons, patterns
+    return reasons, patterns, tuple(not_strict)
 
 
 def _validate_min_timeout(name: str, min_timeout) -> Optional[float]:
@@ -301,7 +317,7 @@ def adapter(name: str, *, description: str = "", availability=None, refuses=None
         raise ValueError(f"attnverify.adapter(name={name!r}): a non-empty name without spaces, ',' ':' or '/'")
     timeout = _validate_min_timeout(name, min_timeout)
     c = _validate_claims(name, claims)
-    known, patterns = validate_known_failures(name, known_failures)
+    known, patterns, not_strict = validate_known_failures(name, known_failures)
     if deferred_claims is not None and not callable(deferred_claims):
         raise TypeError(f"attnverify.adapter({name!r}, deferred_claims={deferred_claims!r}): give a function "
                         f"() -> dict of keywords (claims, known_failures, min_timeout), called on first use")
@@ -318,7 +334,8 @@ def adapter(name: str, *, description: str = "", availability=None, refuses=None
         kw = dict(name=name, fn=fn, description=description or (fn.__doc__ or "").strip().split("\n")[0],
                   availability=availability, refuses=refuses, prepare=prepare, on_request_cpu=on_request_cpu)
         if deferred_claims is None:
-            a = Adapter(claims=c, known_failures=known, known_patterns=patterns, min_timeout=timeout, **kw)
+            a = Adapter(claims=c, known_failures=known, known_patterns=patterns, known_not_strict=not_strict,
+                        min_timeout=timeout, **kw)
         else:
             from .deferred import DeferredAdapter
 

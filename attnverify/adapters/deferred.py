@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional
 
 from .base import Adapter, _validate_claims, _validate_min_timeout, validate_known_failures
 
-DEFERRED_FIELDS = ("claims", "known_failures", "known_patterns", "min_timeout")
+DEFERRED_FIELDS = ("claims", "known_failures", "known_patterns", "known_not_strict", "min_timeout")
 
 
 def _deferred_field(name: str) -> property:
@@ -35,6 +35,7 @@ class DeferredAdapter(Adapter):
     claims = _deferred_field("claims")
     known_failures = _deferred_field("known_failures")
     known_patterns = _deferred_field("known_patterns")
+    known_not_strict = _deferred_field("known_not_strict")
     min_timeout = _deferred_field("min_timeout")
 
     def __init__(self, resolve: Callable[[], Dict[str, Any]], *, claims: Optional[Dict[str, Any]] = None,
@@ -64,7 +65,8 @@ class DeferredAdapter(Adapter):
             extra = dict(extra)
             known = extra.pop("known_failures", known)
             timeout = extra.pop("min_timeout", timeout)
-            reasons, patterns = validate_known_failures(self.name, known)
+            reasons, patterns, not_strict = validate_known_failures(self.name, known)
             self._cache = dict(claims=_validate_claims(self.name, {**claims, **extra}), known_failures=reasons,
-                               known_patterns=patterns, min_timeout=_validate_min_timeout(self.name, timeout))
+                               known_patterns=patterns, known_not_strict=not_strict,
+                               min_timeout=_validate_min_timeout(self.name, timeout))
         return self._cache

@@ -40,7 +40,8 @@ sequence_lengths - 1)"; "When past context is present, sequence_length > 1 requi
 `causal` "Default value is 1" (bottom-right over past + new; 0 for none); `local_window_size`
 "left_window_size for causal local attention" (measured: W keys including the query's own, so SPEC's
 left bound l is W = l + 1; "Must be -1 when causal is 0"); `softcap`; `attention_bias` as for MHA;
-float/float16; the CPU kernel's "head_size must be a multiple of 8".
+float/float16; the CPU kernel's "head_size must be a multiple of 8"; `head_sink` "1D tensor with shape
+(num_heads). Each head has a smooth factor adding to the denominator of softmax" -> sinks.
 """
 from __future__ import annotations
 
@@ -249,7 +250,7 @@ def ort_mha(q, k, v, spec: Spec):
 
 
 _GQA_ORDER = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
-              "sin_cache", "position_ids", "attention_bias")
+              "sin_cache", "position_ids", "attention_bias", "head_sink")
 
 
 def _gqa_refuses(case) -> Optional[str]:
@@ -276,6 +277,10 @@ def _gqa_refuses(case) -> Optional[str]:
     dtypes=_CONTRIB_DTYPES, devices=("cpu",), head_dims=lambda d: d % 8 == 0 and 8 <= d <= 512, max_seqlen=4096,
     causal=("none", "bottom_right"), window=True, softcap=True, attn_mask=True, gqa=True, dv_ne_d=False,
     fully_masked="unsupported", deterministic=True,
+    # head_sink: "1D tensor with shape (num_heads). Each head has a smooth factor adding to the denominator of
+    # softmax" (schema, onnxruntime 1.31.1): a per-head sink logit, SPEC's sinks (measured on the CPU kernel: 2e-7
+    # from the float64 sink reference in float32, 1.6e-3 in float16)
+    sinks=True,
 )
 def ort_gqa(q, k, v, spec: Spec):
     """com.microsoft GroupQueryAttention: Lq == Lk as a prompt, Lk > Lq with the first Lk - Lq keys as past_key."""
@@ -298,5 +303,7 @@ def ort_gqa(q, k, v, spec: Spec):
         feeds.update(past_key=k[:, :, :p], past_value=v[:, :, :p])
     if spec.attn_mask is not None:
         feeds["attention_bias"] = _bias(spec.attn_mask, q, lk)
+    if spec.sinks is not None:  # the input has the query's type T
+        feeds["head_sink"] = spec.sinks.to(q.dtype)
     y = _run("GroupQueryAttention", feeds, attrs, domain="com.microsoft", opset=21, order=_GQA_ORDER, n_out=3)
     return _unbsh(y, hq).to(q.device)

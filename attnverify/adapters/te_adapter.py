@@ -22,7 +22,8 @@ dot_product_attention/dot_product_attention.py, TE 1.x - 2.x) -- not yet from a 
 - GQA: num_gqa_groups = Hkv. Dropout: attention_dropout (module in training mode); no keep-mask is
   returned, so it is checked statistically. No LSE output, no softcap.
 - dtypes fp16/bf16; head dims multiples of 8 up to 256 (the fused and flash backends' limits);
-  Dv == D (the kv_channels tuple exists, but not every backend takes it).
+  Dv != D claimed: kv_channels=(d, dv), "if not [the same], kv_channels should be a tuple of two integers"
+  (TE 2.20 docstring); a backend that does not take it is TE's to skip, or a finding.
 - fully-masked rows: undocumented -> "unsupported". deterministic: no (fused backward may use atomics).
 """
 from __future__ import annotations
@@ -111,7 +112,7 @@ def _mask_type(spec: Spec) -> str:
     max_seqlen=16384,
     causal=("none", "top_left", "bottom_right"),
     window=True, softcap=False, alibi=True, attn_mask=True, gqa=True, varlen=True, dropout=True,
-    backward=True, lse=False, dv_ne_d=False, fully_masked="unsupported", deterministic=False,
+    backward=True, lse=False, dv_ne_d=True, fully_masked="unsupported", deterministic=False,
     memory="linear",
 )
 def te(q, k, v, spec: Spec):

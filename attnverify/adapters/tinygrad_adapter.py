@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 
 from ..spec import Spec
-from ._findings import HALF_SCORES_OUT
+from ._findings import HALF_SCORES_OUT, NAN_Q_ROW_SWALLOWED
 from .base import adapter
 
 _DTYPES = ("float16", "float32", "float64")
@@ -62,12 +62,32 @@ def _refuses(case) -> Optional[str]:
 
 # `qk.cast(self.dtype).softmax(-1)`: float16 scores are rounded before a float16 softmax; attnverify's same-dtype
 # baseline keeps them in float32 (as fused kernels do). Measured (ci profile, 2026-12-04): 1.1x the norm-wise bound on
-# plain fp16 inputs, 0.012 relative error with every score shifted by 100 (docs/compatibility.md F34). Declared where
-# the ci profile saw it; the profile's other output properties were not reached in 10 minutes (on request: slow).
-_F34 = {"why": "tinygrad 0.14.0 rounds the attention scores to float16 before its softmax (`qk.cast(self.dtype)"
-               ".softmax(-1)`): relative L2 error 2.2e-4 where 2.0e-4 is allowed, 0.012 with every score shifted by 100 "
-               "(docs/compatibility.md F34)", "match": HALF_SCORES_OUT}
-_FINDINGS = {"forward_matches_reference": _F34, "causal_alignment": _F34}
+# plain fp16 inputs, 0.012 relative error with every score shifted by 100 (docs/compatibility.md F34;
+# benchmarks/repro_tinygrad.py: 61x a float32-score kernel's error at shift 100). forward_matches_reference showed it
+# in both full ci runs (seeds differ): strict there. The other output properties see it only on some draws (a float16
+# case at a tolerance edge, or a large row shift: the second run's row_shift_invariance, outputs_fully_written and
+# no_out_of_bounds did, its causal_alignment did not): not strict there.
+_F34_WHY = ("tinygrad 0.14.0 rounds the attention scores to float16 before its softmax (`qk.cast(self.dtype)"
+            ".softmax(-1)`): relative L2 error 2.2e-4 where 2.0e-4 is allowed, 0.012 with every score shifted by 100 "
+            "(docs/compatibility.md F34; benchmarks/repro_tinygrad.py)")
+_F34 = {"why": _F34_WHY, "match": HALF_SCORES_OUT}
+_F34_SOMETIMES = {"why": _F34_WHY + "; not strict: seen only on some float16 draws", "match": HALF_SCORES_OUT,
+                  "strict": False}
+# A single key: the softmax over a one-element axis folds to 1, so a NaN in q comes back as the value row (with two
+# keys it is NaN). Seen by nonfinite_inputs_propagate when it draws Lk = 1 (docs/compatibility.md F36;
+# benchmarks/repro_tinygrad.py); not strict: only such draws show it.
+_F36 = {"why": "tinygrad 0.14.0 returns the value row, not NaN, for a query holding NaN when there is a single key "
+               "(Lk = 1: the softmax over one key is folded to 1; with two keys the row is NaN; docs/compatibility.md "
+               "F36; benchmarks/repro_tinygrad.py); not strict: seen only when a case has one key",
+        "match": r"^(?=[\s\S]*shrunk case: [^\n]*\bLk=1 )" + NAN_Q_ROW_SWALLOWED, "strict": False}
+_FINDINGS = {
+    "forward_matches_reference": _F34,
+    **{p: _F34_SOMETIMES for p in ("causal_alignment", "row_shift_invariance", "outputs_fully_written",
+                                   "no_out_of_bounds", "kv_permutation_invariance", "batch_head_independence",
+                                   "value_scaling", "gqa_equals_repeated_kv", "repeat_and_interleave_stable")},
+    "nonfinite_inputs_propagate": {"why": _F34_SOMETIMES["why"] + "; " + _F36["why"],
+                                   "match": f"(?:{HALF_SCORES_OUT})|(?:{_F36['match']})", "strict": False},
+}
 
 
 def _to_tiny(t: torch.Tensor):
@@ -78,7 +98,7 @@ def _to_tiny(t: torch.Tensor):
 
 @adapter(
     "tinygrad",
-    on_request_cpu="about 6 s an example (one clang compile per shape): over 10 minutes on a 2-core CPU",
+    on_request_cpu="ci profile 2,260 s on a 2-core CPU shared with other jobs (a clang compile per shape)",
     description="tinygrad Tensor.scaled_dot_product_attention on tinygrad's CPU device (clang)",
     availability=_available, refuses=_refuses,
     dtypes=_DTYPES, devices=("cpu",), head_dims=lambda d: 1 <= d <= 512, max_seqlen=4096,

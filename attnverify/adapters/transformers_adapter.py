@@ -49,8 +49,13 @@ _EAGER_FINDINGS = {p: {"why": "transformers 5.23 eager attention rounds the scor
                        "match": HALF_SCORES_OUT}
                    for p in ("forward_matches_reference", "gradients_match_reference", "causal_alignment",
                              "row_shift_invariance", "nonfinite_inputs_propagate", "outputs_fully_written",
-                             "no_out_of_bounds", "kv_permutation_invariance", "batch_head_independence", "value_scaling",
-                             "gqa_equals_repeated_kv", "repeat_and_interleave_stable")}
+                             "no_out_of_bounds")}
+# the 7 properties the first ci run saw fail; kv_permutation_invariance, batch_head_independence, value_scaling,
+# gqa_equals_repeated_kv and repeat_and_interleave_stable (the adapter against itself) were declared too without a
+# failure behind them, and XPASSed (strict) in the full ci run of 2026-12-04 evening (seed 24): no longer declared
+# chunked_matches_reference runs for hf-eager since it claims attention_chunk: the ci run of 2026-12-04 (seed 24) saw
+# F30 there (float16, row_shift 1000, top-left causal with chunks); not strict: seen on one draw
+_EAGER_FINDINGS["chunked_matches_reference"] = {**_EAGER_FINDINGS["forward_matches_reference"], "strict": False}
 _SDPA_FINDINGS = {
     "nonfinite_inputs_propagate": {"why": "hf-sdpa runs torch SDPA's CPU flash kernel (torch 2.13), which returns "
                                           "numbers for a query row holding NaN, and in fp16/bf16 for rows whose score "
@@ -95,6 +100,11 @@ def _refuses(sdpa: bool):
         if s.causal == "top_left" and lq == 1 and lk > 1:
             return ("hf-sdpa drops is_causal for one query ('we want full attention on the single query token', "
                     "sdpa_attention.py)")
+        if s.attention_chunk is not None and (s.causal == "none" or (s.causal == "top_left" and lq != lk)):
+            # masking_utils.chunked_causal_mask_function is "chunked_overlay ... and causal_mask_function" with one
+            # query position for both: SPEC's chunks sit at bottom-right positions, so only causal with them
+            return ("transformers' chunked mask is chunked_causal_mask_function (chunks and causal at the same query "
+                    "positions): chunks with bottom-right causal, or top-left with Lq == Lk")
         return None
 
     return check
@@ -105,14 +115,18 @@ def _bool_mask(spec: Spec, b: int, lq: int, lk: int, device, sdpa: bool) -> Opti
     call needs no mask (hf-sdpa's top-left causal without a mask goes through is_causal)."""
     user = spec.attn_mask
     u4 = None if user is None else user.reshape((1,) * (4 - user.dim()) + tuple(user.shape))
-    if spec.causal == "none" or (sdpa and spec.causal == "top_left" and u4 is None):
+    chunk = spec.attention_chunk
+    if spec.causal == "none" or (sdpa and spec.causal == "top_left" and u4 is None and chunk is None):
         return u4
     from transformers import masking_utils as mu
 
     # the queries sit at positions q_offset .. q_offset + Lq - 1 of the keys: 0 (top-left) or Lk - Lq (a cache)
     off = lk - lq if spec.causal == "bottom_right" else 0
+    fn = mu.causal_mask_function
+    if chunk is not None:  # Llama 4's attention_chunk_size: "(kv_idx - left_padding) // chunk_size == (q_idx - ...)"
+        fn = mu.chunked_causal_mask_function(int(chunk), torch.zeros(b, dtype=torch.long, device=device))
     causal = mu.sdpa_mask(batch_size=b, q_length=lq, kv_length=lk, q_offset=off,
-                          mask_function=mu.causal_mask_function, allow_is_causal_skip=False, device=device)
+                          mask_function=fn, allow_is_causal_skip=False, device=device)
     return causal if u4 is None else causal & u4  # per-head user masks: the builder makes (B, 1, Lq, Lk)
 
 
@@ -144,8 +158,11 @@ def _call(q, k, v, spec: Spec, sdpa: bool):
     return out.transpose(1, 2)  # (B, L, H, D) -> (B, H, L, D)
 
 
+# attention_chunk: transformers 5.23.0 builds Llama 4's chunked attention as a mask,
+# masking_utils.chunked_causal_mask_function(chunk_size, left_padding) (no padding here: left_padding 0)
 _COMMON = dict(devices=("cpu", "cuda"), head_dims=lambda d: 1 <= d <= 512, max_seqlen=4096,
-               attn_mask=True, gqa=True, backward=True, dv_ne_d=True, fully_masked="unsupported", deterministic=True)
+               attn_mask=True, gqa=True, backward=True, dv_ne_d=True, fully_masked="unsupported", deterministic=True,
+               attention_chunk=True)
 
 
 @adapter("hf-sdpa", on_request_cpu="ci profile 212 s on a 2-core CPU",
