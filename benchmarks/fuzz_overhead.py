@@ -9,7 +9,7 @@ Draws `-n` recipes with Hypothesis (seed fixed, generate phase only: no shrinkin
 CPU per draw (the strategy, its claim filter, Hypothesis's own bookkeeping); then judges each (after warming
 up on the first ones: imports and first calls are not an example's cost), timing the CPU per phase of
 attnverify.timesplit and counting the aten operations dispatched in each phase (`syncs`: those that hand a
-value to the host, .item()/float()/int()/bool()/tolist(): one GPU round trip each). Prints one table and a
+value to the host, .item()/float()/int()/bool(), tolist(), torch.equal, nonzero: one GPU round trip each). Prints one table and a
 digest of the verdicts (same seed, same code: same digest; a speed-up must keep it).
 """
 from __future__ import annotations
@@ -22,7 +22,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-SYNC_OPS = ("_local_scalar_dense", "item", "tolist")
+# operations that wait for the device and hand the host a value: .item()/float()/int()/bool() (one
+# _local_scalar_dense each), torch.equal, and those whose output size depends on the data
+SYNC_OPS = ("_local_scalar_dense", "equal", "nonzero", "masked_select", "is_nonzero")
 
 
 def main(argv=None) -> int:
@@ -66,6 +68,23 @@ def main(argv=None) -> int:
         def __init__(self):
             super().__init__()
             self.ops, self.syncs = {}, {}
+
+        def __enter__(self):
+            # Tensor.tolist reads the data without an operation the mode sees (on a GPU: one copy to the host)
+            self._tolist = torch.Tensor.tolist
+            mode = self
+
+            def tolist(t):
+                ph = timesplit.current() or "outside"
+                mode.syncs[ph] = mode.syncs.get(ph, 0) + 1
+                return mode._tolist(t)
+
+            torch.Tensor.tolist = tolist
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            torch.Tensor.tolist = self._tolist
+            return super().__exit__(*exc)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             ph = timesplit.current() or "outside"
