@@ -52,7 +52,8 @@ for iso in subprocess none; do
   prof=()
   [ "$iso" = none ] && [ "${PROFILE_FLASH:-0}" = 1 ] && prof=(-m cProfile -o "$W/flash.prof")
   t0=$(now)
-  (cd "$W" && timeout "$FLASH_T" $py "${prof[@]}" -m attnverify.cli run --adapter "$FLASH" --profile dev -n 1 --isolate "$iso" \
+  # SIGINT at the cap: pytest stops, cProfile still writes its profile (it would not on SIGTERM)
+  (cd "$W" && timeout -s INT -k 10 "$FLASH_T" $py "${prof[@]}" -m attnverify.cli run --adapter "$FLASH" --profile dev -n 1 --isolate "$iso" \
      -k forward_matches_reference --seed 1 --report "$rep" --no-html -q) > "$log" 2>&1
   rc=$?; t1=$(now)
   if [ -f "$W/flash.prof" ]; then
@@ -85,6 +86,13 @@ print(f"exit {rc}; command wall {t1 - t0:.1f} s (startup included); "
       f"**{rate:.1f} examples/s per worker** (target >= 100: {verdict}); after the first example "
       f"(the child's start and first imports left out): {steady:.1f} examples/s\n")
 print(split_table(recs))
+# a cost that falls as the run goes on is a first use (a kernel loaded, a cuBLAS plan, an allocation), not per example
+res = [r for r in recs if r.get("event") == "result" and r.get("property") == "forward_matches_reference"]
+if len(res) > 40:
+    def mean(rs, k):
+        return 1000 * sum((r.get("split") or {}).get(k, 0.0) for r in rs) / len(rs)
+    print("\nmean ms, first 20 examples / the rest: " + ", ".join(
+        f"{k} {mean(res[:20], k):.1f} / {mean(res[20:], k):.1f}" for k in ("draw", "case", "adapter", "reference", "baseline", "compare", "other")))
 print()
 PY
 done
