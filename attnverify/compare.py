@@ -7,7 +7,7 @@ a mismatch, except where both sides are NaN or the same infinity at the same pla
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import List, Optional, Tuple
 
 import torch
@@ -42,7 +42,9 @@ class Comparison:
         return self.mismatched / self.numel if self.numel else 0.0
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        # dataclasses.asdict's result without its deep copy of every leaf (numbers, strings, tuples of ints)
+        d = {name: getattr(self, name) for name in _FIELDS}
+        d["problems"] = list(self.problems)
         d["mismatch_fraction"] = self.mismatch_fraction
         return d
 
@@ -62,6 +64,9 @@ class Comparison:
         lines.append(f"  Relative L2 error: {self.rel_l2:.3g} (up to {self.tol_norm:.3g} allowed)")
         lines.append(f"  Greatest error in ulps at the reference's scale: {self.max_ulps:.1f}")
         return "\n".join(lines)
+
+
+_FIELDS = tuple(f.name for f in fields(Comparison))
 
 
 def _work_device(actual) -> torch.device:
@@ -108,15 +113,16 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, *, ignore
         # a value beyond the dtype's range rounds to +-inf: then inf is the right answer
         over = torch.isfinite(exp) & (exp.abs() > torch.finfo(act_dtype).max)
         exp = torch.where(over, exp.sign() * math.inf, exp)
-    keep = torch.ones_like(exp, dtype=torch.bool)
-    if ignore is not None:
-        keep = ~ignore.to(dev).expand_as(exp)
     fin_e, fin_a = torch.isfinite(exp), torch.isfinite(act)
-    both_fin = fin_e & fin_a & keep
-    nonfin_bad = keep & ~(fin_e & fin_a) & ~_nonfinite_agree(act, exp)
-    diff = torch.where(both_fin, (act - exp).abs(), torch.zeros_like(exp))
-    ref_fin = torch.where(fin_e & keep, exp, torch.zeros_like(exp))
-    ref_norm_raw, n_fin = torch.stack([ref_fin.norm(), (fin_e & keep).sum().to(torch.float64)]).tolist()
+    both = fin_e & fin_a
+    nonfin_bad = ~both & ~_nonfinite_agree(act, exp)
+    judged_e = fin_e
+    if ignore is not None:  # elements a declared convention excludes (else every element is judged)
+        keep = ~ignore.to(dev).expand_as(exp)
+        both, nonfin_bad, judged_e = both & keep, nonfin_bad & keep, fin_e & keep
+    diff = torch.where(both, (act - exp).abs(), 0.0)
+    ref_fin = torch.where(judged_e, exp, 0.0)
+    ref_norm_raw, n_fin = torch.stack([ref_fin.norm(), judged_e.sum().to(torch.float64)]).tolist()
     n_fin = int(n_fin)
     scale = ref_norm_raw / math.sqrt(n_fin) if n_fin else 0.0
     allowed = tol.allowed(ref_fin.abs(), scale)
