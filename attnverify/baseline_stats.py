@@ -29,7 +29,7 @@ def baseline_stats(a: torch.Tensor, b: torch.Tensor, out_dtype, *, floor: float 
     """(rel_l2, max_abs, rounding) of the baseline `a` against the float64 reference `b` (both already zeroed
     where `ignore`, broadcastable to them, is True); `rounding=False` leaves the rounding out (None)."""
     if not isinstance(a, torch.Tensor) or tuple(a.shape) != tuple(b.shape) or not a.numel():
-        return _three_passes(a, b, out_dtype, floor, ignore, rounding)
+        return three_passes(a, b, out_dtype, floor, ignore, rounding)
     dev = a.device if a.device.type == "cuda" else torch.device("cpu")  # compare._work_device's rule
     x = a.detach().to(dev, torch.float64)
     e = b.detach().to(dev, torch.float64)
@@ -61,7 +61,7 @@ def baseline_stats(a: torch.Tensor, b: torch.Tensor, out_dtype, *, floor: float 
     return rel, mx, rnd
 
 
-def _three_passes(a, b, out_dtype, floor, ignore, rounding):
+def three_passes(a, b, out_dtype, floor, ignore, rounding):
     """The definition (error_stats, the re-basing, expected_rounding): for what the one pass does not handle."""
     rel, mx = error_stats(a, b)
     if floor > 0 and rel == rel:

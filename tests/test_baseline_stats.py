@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from attnverify.baseline_stats import _three_passes, baseline_stats
+from attnverify.baseline_stats import three_passes, baseline_stats
 
 
 def _pair(seed, shape=(2, 3, 17, 8), nonfinite=True):
@@ -26,7 +26,7 @@ def _pair(seed, shape=(2, 3, 17, 8), nonfinite=True):
 @pytest.mark.parametrize("floor", [0.0, 0.3, 50.0])
 @pytest.mark.parametrize("rows", [False, True])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
-def test_one_pass_is_the_three_passes_bit_for_bit(seed, floor, rows, dtype):
+def test_one_pass_is_thethree_passes_bit_for_bit(seed, floor, rows, dtype):
     a, b = _pair(seed)
     ign = None
     if rows:  # query rows left out, zeroed in both as check._baseline does
@@ -35,13 +35,13 @@ def test_one_pass_is_the_three_passes_bit_for_bit(seed, floor, rows, dtype):
         ign = r.unsqueeze(-1)
         a, b = a.masked_fill(ign, 0), b.masked_fill(ign, 0)
     got = baseline_stats(a, b, dtype, floor=floor, ignore=ign)
-    want = _three_passes(a, b, dtype, floor, ign, True)
+    want = three_passes(a, b, dtype, floor, ign, True)
     assert got == want or all(x == y or (x != x and y != y) for x, y in zip(got, want)), (got, want)
 
 
 def test_lse_shape_and_no_rounding():
     a, b = _pair(3, shape=(1, 2, 9), nonfinite=False)
-    assert baseline_stats(a.float(), b, "float32", floor=1.0, rounding=False) == _three_passes(a.float(), b, "float32", 1.0, None, False)
+    assert baseline_stats(a.float(), b, "float32", floor=1.0, rounding=False) == three_passes(a.float(), b, "float32", 1.0, None, False)
     assert baseline_stats(a.float(), b, "float32", rounding=False)[2] is None
 
 
