@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 import torch
 
 from .compare import error_stats
-from .tolerances import UNIT_ROUNDOFF, dtype_name, expected_rounding
+from .tolerances import UNIT_ROUNDOFF, dtype_name, expected_rounding, rounding_from_terms, rounding_terms
 
 
 def baseline_stats(a: torch.Tensor, b: torch.Tensor, out_dtype, *, floor: float = 0.0,
@@ -40,12 +40,9 @@ def baseline_stats(a: torch.Tensor, b: torch.Tensor, out_dtype, *, floor: float 
     parts = [d.norm(), torch.where(fin, e, 0.0).norm(), d.max(), judged.sum()]
     name = dtype_name(out_dtype)
     with_rounding = rounding and name in UNIT_ROUNDOFF and name != "float64"
-    if with_rounding:
+    if with_rounding:  # expected_rounding's terms (one home: tolerances.rounding_terms)
         keep = fin_e if ignore is None else fin_e & ~ignore.to(dev).expand_as(e)
-        mag = torch.where(keep, e.abs(), 0.0)
-        tiny = torch.finfo(getattr(torch, name)).tiny
-        gap = 2.0 * UNIT_ROUNDOFF[name] * torch.pow(2.0, torch.floor(torch.log2(mag.clamp_min(tiny))))
-        parts += [keep.sum(), mag.norm(), torch.where(keep, gap, 0.0).norm()]
+        parts += list(rounding_terms(e, keep, name))
     vals = torch.stack([p.to(torch.float64) for p in parts]).tolist()
     err, den_e, mx, n = vals[0], vals[1], vals[2], int(vals[3])
     rel = err / den_e if den_e > 0 else 0.0
@@ -54,10 +51,7 @@ def baseline_stats(a: torch.Tensor, b: torch.Tensor, out_dtype, *, floor: float 
         rel = err / den if den > 0 else 0.0
     rnd: Optional[float] = None
     if rounding:
-        rnd = 0.0
-        if with_rounding and int(vals[4]):
-            den = max(vals[5], floor * math.sqrt(int(vals[4])))
-            rnd = vals[6] / math.sqrt(12.0) / den if den > 0 else 0.0
+        rnd = rounding_from_terms(vals[4], vals[5], vals[6], floor) if with_rounding else 0.0
     return rel, mx, rnd
 
 
