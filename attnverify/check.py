@@ -12,14 +12,15 @@ from typing import Dict, List, Optional
 import torch
 
 from .adapters.base import Adapter
+from .baseline_stats import baseline_stats
 from .callable_module import make_callable
 from .case import Case
-from .compare import Comparison, compare, error_stats
+from .compare import Comparison, compare
 from .fp8 import is_fp8
 from .magnitudes import magnitudes, row_levels
 from .reference import reference_backward, reference_forward
 from .spec import Output
-from .tolerances import SCORE_U, UNIT_ROUNDOFF, expected_rounding, tolerance_for
+from .tolerances import SCORE_U, UNIT_ROUNDOFF, tolerance_for
 from .timesplit import phase, timed
 from .verdicts import bitwise_equal, severity
 
@@ -177,8 +178,9 @@ def check(
     if do_bwd and is_fp8(case.dtype):  # docs/adapters.md: fp8 calls are forward only
         do_bwd = False
         notes.append(f"{case.dtype} inputs: forward only (fp8 calls have no backward in the contract)")
+    # copies (_leaf): the case's own tensors stay what the adapter was given, so they are what its inputs must
+    # still be afterwards (issue 25: no second copy kept for that)
     q, k, v = (_leaf(t, do_bwd) for t in (case.q, case.k, case.v))
-    before = [t.detach().clone() for t in (q, k, v)]
     try:
         with torch.enable_grad() if do_bwd else torch.no_grad():
             out, lse, keep = unpack_output(adapter(q, k, v, spec))
@@ -251,7 +253,7 @@ def check(
             notes.append("gradients not compared: fully-masked rows produce NaN by declaration")
         else:
             comps += _check_grads(adapter, case, q, k, v, out, lse, keep, gen, tol, ignore_rows, outputs, cache)
-    after_bad = [n for n, b, t in zip("qkv", before, (q, k, v)) if not bitwise_equal(b, t.detach())]
+    after_bad = [n for n, b, t in zip("qkv", (case.q, case.k, case.v), (q, k, v)) if not bitwise_equal(b.detach(), t.detach())]
     if after_bad:
         c = compare("inputs", torch.ones(1), torch.zeros(1, dtype=torch.float64), tolerance_for("out", "float32"))
         c.problems = [f"the adapter modified its input(s) {', '.join(after_bad)} in place"]
@@ -322,22 +324,10 @@ def _baseline(case: Case, keep, cache: dict, with_grads: bool, rows_ignored: Opt
         if rows and rows_ignored is not None and a.shape[:3] == rows_ignored.shape:
             ign = rows_ignored.to(a.device).view(*rows_ignored.shape, *([1] * (a.dim() - 3)))
             a, b = a.detach().masked_fill(ign, 0), b.masked_fill(ign.to(b.device), 0)
-        rel, mx = error_stats(a, b)
-        fl = floors.get(name, 0.0)
-        if fl > 0 and rel == rel:  # re-based on the check's denominator
-            e = b.detach().double()
-            x = a.detach().double().to(e.device)
-            fin = torch.isfinite(e) & torch.isfinite(x)
-            if ign is not None:
-                fin = fin & ~ign.to(e.device).expand_as(e)
-            n = int(fin.sum())
-            err = float(torch.where(fin, x - e, torch.zeros_like(e)).norm())
-            den = max(float(torch.where(fin, e, torch.zeros_like(e)).norm()), fl * math.sqrt(max(n, 1)))
-            rel = err / den if den > 0 else 0.0
-        out_dt = "float32" if name == "lse" else case.dtype
-        if is_fp8(case.dtype):  # the per-case rounding rule is for half outputs (fp8 out is any float dtype)
-            return rel, mx, None
-        return rel, mx, expected_rounding(b, out_dt, scale_floor=fl, ignore=ign)
+        # error_stats, re-based on the check's denominator (floors), and expected_rounding, in one pass
+        # (baseline_stats); the per-case rounding rule is for half outputs (fp8 out is any float dtype)
+        return baseline_stats(a, b, "float32" if name == "lse" else case.dtype, floor=floors.get(name, 0.0),
+                              ignore=ign, rounding=not is_fp8(case.dtype))
 
     from .adapters.naive import naive_attention
 

@@ -7,7 +7,7 @@ a mismatch, except where both sides are NaN or the same infinity at the same pla
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import List, Optional, Tuple
 
 import torch
@@ -43,7 +43,9 @@ class Comparison:
         return self.mismatched / self.numel if self.numel else 0.0
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        # dataclasses.asdict's result without its deep copy of every leaf (numbers, strings, tuples of ints)
+        d = {name: getattr(self, name) for name in _FIELDS}
+        d["problems"] = list(self.problems)
         d["mismatch_fraction"] = self.mismatch_fraction
         return d
 
@@ -63,6 +65,9 @@ class Comparison:
         lines.append(f"  Relative L2 error: {self.rel_l2:.3g} (up to {self.tol_norm:.3g} allowed)")
         lines.append(f"  Greatest error in ulps at the reference's scale: {self.max_ulps:.1f}")
         return "\n".join(lines)
+
+
+_FIELDS = tuple(f.name for f in fields(Comparison))
 
 
 def _work_device(actual) -> torch.device:
@@ -101,41 +106,55 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, *, ignore
             return _missing(name, exp, tol, f"shape {tuple(actual.shape)}, expected {tuple(exp.shape)}")
     act_dtype = actual.dtype
     act = actual.detach().to(dev, torch.float64)
+    # Two host round trips in all (issue 25: one float() each was a GPU synchronisation, a dozen per output):
+    # the reference's norm and count, which the element-wise bound needs, then every statistic at once.
+    # The same float64 operations on the same elements as one float() each: the same numbers.
+    over = None
     if act_dtype.is_floating_point and act_dtype != torch.float64:
         # a value beyond the dtype's range rounds to +-inf: then inf is the right answer
         over = torch.isfinite(exp) & (exp.abs() > torch.finfo(act_dtype).max)
-        if bool(over.any()):
-            exp = torch.where(over, exp.sign() * math.inf, exp)
-            problems.append(f"{int(over.sum())} reference value(s) beyond the range of {act_dtype}: inf expected there")
-    keep = torch.ones_like(exp, dtype=torch.bool)
-    if ignore is not None:
-        keep = ~ignore.to(dev).expand_as(exp)
+        exp = torch.where(over, exp.sign() * math.inf, exp)
     fin_e, fin_a = torch.isfinite(exp), torch.isfinite(act)
-    both_fin = fin_e & fin_a & keep
-    nonfin_bad = keep & ~(fin_e & fin_a) & ~_nonfinite_agree(act, exp)
-    diff = torch.where(both_fin, (act - exp).abs(), torch.zeros_like(exp))
-    ref_fin = torch.where(fin_e & keep, exp, torch.zeros_like(exp))
-    n_fin = int((fin_e & keep).sum())
-    scale = float(ref_fin.norm() / math.sqrt(n_fin)) if n_fin else 0.0
+    both = fin_e & fin_a
+    nonfin_bad = ~both & ~_nonfinite_agree(act, exp)
+    judged_e = fin_e
+    if ignore is not None:  # elements a declared convention excludes (else every element is judged)
+        keep = ~ignore.to(dev).expand_as(exp)
+        both, nonfin_bad, judged_e = both & keep, nonfin_bad & keep, fin_e & keep
+    diff = torch.where(both, (act - exp).abs(), 0.0)
+    ref_fin = torch.where(judged_e, exp, 0.0)
+    ref_norm_raw, n_fin = torch.stack([ref_fin.norm(), judged_e.sum().to(torch.float64)]).tolist()
+    n_fin = int(n_fin)
+    scale = ref_norm_raw / math.sqrt(n_fin) if n_fin else 0.0
     allowed = tol.allowed(ref_fin.abs(), scale)
     bad = (diff > allowed) | nonfin_bad
-    mismatched = int(bad.sum())
+    mismatched_t = bad.sum()
+    parts = [diff.norm(), mismatched_t, nonfin_bad.sum(), torch.zeros(()) if over is None else over.sum()]
+    numel = exp.numel()
+    if numel:
+        # worst element: a non-finite disagreement beats any finite error; else the largest excess over the bound
+        score = torch.where(mismatched_t > 0,
+                            torch.where(nonfin_bad, torch.full_like(diff, math.inf), diff / allowed.clamp_min(1e-300)),
+                            diff)
+        flat = torch.argmax(torch.nan_to_num(score, nan=math.inf)).view(1)
+        ulp = _ulp(ref_fin.abs().clamp_min(max(scale, tol.scale_floor)), tol.u)
+        parts += [(diff / ulp).max(), diff.max(), flat] + [t.reshape(-1).index_select(0, flat) for t in (act, exp, allowed)]
+    vals = torch.cat([p.to(dev, torch.float64).reshape(-1) for p in parts]).tolist()
+    err_norm, mismatched, nonfin, n_over = vals[0], int(vals[1]), int(vals[2]), int(vals[3])
+    worst = None
+    max_ulps = max_abs = 0.0
+    if numel:
+        max_ulps, max_abs = vals[4], vals[5]
+        worst = _unravel(int(vals[6]), exp.shape)
+    if n_over:
+        problems.append(f"{n_over} reference value(s) beyond the range of {act_dtype}: inf expected there")
     # the norm-wise denominator never drops below the tensor's scale floor: a reference of exact
     # zeros (dQ when one key is visible) is judged against the size of the terms that cancel
-    ref_norm = max(float(ref_fin.norm()), tol.scale_floor * math.sqrt(max(n_fin, 1)))
-    err_norm = float(diff.norm())
+    ref_norm = max(ref_norm_raw, tol.scale_floor * math.sqrt(max(n_fin, 1)))
     rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
-    if int(nonfin_bad.sum()):
+    if nonfin:
         rel = math.inf if not math.isnan(rel) else rel
-        problems.append(f"{int(nonfin_bad.sum())} non-finite value(s) where the reference differs (NaN/Inf)")
-    # worst element: a non-finite disagreement beats any finite error; else the largest excess over the bound
-    if mismatched:
-        score = torch.where(nonfin_bad, torch.full_like(diff, math.inf), diff / allowed.clamp_min(1e-300))
-    else:
-        score = diff
-    worst = _argmax_index(score) if exp.numel() else None
-    ulp = _ulp(ref_fin.abs().clamp_min(max(scale, tol.scale_floor)), tol.u)
-    max_ulps = float((diff / ulp).max()) if exp.numel() else 0.0
+        problems.append(f"{nonfin} non-finite value(s) where the reference differs (NaN/Inf)")
     passed = mismatched == 0 and rel <= tol.norm
     if rel > tol.norm and mismatched == 0:
         problems.append("every element is within its bound but the norm-wise error is not")
@@ -143,19 +162,19 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, *, ignore
         name=name,
         passed=bool(passed),
         shape=tuple(exp.shape),
-        numel=exp.numel(),
-        max_abs=float(diff.max()) if exp.numel() else 0.0,
+        numel=numel,
+        max_abs=max_abs,
         rel_l2=float(rel),
         max_ulps=max_ulps,
         mismatched=mismatched,
         worst_index=worst,
-        worst_actual=float(act[worst]) if worst is not None else None,
-        worst_expected=float(exp[worst]) if worst is not None else None,
-        allowed_at_worst=float(allowed[worst]) if worst is not None else None,
+        worst_actual=vals[7] if worst is not None else None,
+        worst_expected=vals[8] if worst is not None else None,
+        allowed_at_worst=vals[9] if worst is not None else None,
         tol_norm=tol.norm,
         tol_elem_u=tol.elem_u,
-        nonfinite_mismatches=int(nonfin_bad.sum()),
-        judged=int(keep.sum()),
+        nonfinite_mismatches=nonfin,
+        judged=numel if ignore is None else int(keep.sum()),
         problems=problems,
     )
 
@@ -166,11 +185,10 @@ def _ulp(mag: torch.Tensor, u: float) -> torch.Tensor:
     return torch.clamp(2.0 * u * torch.pow(2.0, e), min=1e-300)
 
 
-def _argmax_index(t: torch.Tensor) -> Tuple[int, ...]:
-    flat = int(torch.argmax(torch.nan_to_num(t, nan=math.inf)))
+def _unravel(flat: int, shape) -> Tuple[int, ...]:
     # unravelled here: torch.unravel_index's first call imports sympy (2.7 s in every new judging process)
     index = []
-    for n in reversed(t.shape):
+    for n in reversed(shape):
         flat, i = divmod(flat, n)
         index.append(i)
     return tuple(reversed(index))

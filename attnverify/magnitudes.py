@@ -14,12 +14,6 @@ from .reference import reference_forward
 from .spec import Spec
 
 
-def _rms(t: torch.Tensor) -> float:
-    t = t.detach().double()
-    t = torch.where(torch.isfinite(t), t, torch.zeros_like(t))
-    return float(t.norm() / math.sqrt(max(1, t.numel())))
-
-
 def magnitudes(case: Case) -> dict:
     """S (a bound on |score|) and floors for each tensor's scale from the inputs' magnitudes.
 
@@ -28,23 +22,27 @@ def magnitudes(case: Case) -> dict:
     q, k, v, _ = descaled(case.q.detach(), case.k.detach(), case.v.detach(), case.spec)  # float64, descales applied
 
     def fin(t):
-        return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
+        return torch.where(torch.isfinite(t), t, 0.0)
 
     q, k, v = fin(q), fin(k), fin(v)
     scale = case.spec.resolved_scale(q.shape[-1])
-    qn = float(q.norm(dim=-1).max()) if q.numel() else 0.0
-    kn = float(k.norm(dim=-1).max()) if k.numel() else 0.0
+    # every statistic in one host round trip (issue 25: a GPU sync each); the same float64 values as
+    # float(q.norm(dim=-1).max()) and the RMS float(t.norm() / sqrt(numel))
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    qn, kn, rms_q, rms_k, rms_v = torch.stack([
+        q.norm(dim=-1).max() if q.numel() else zero, k.norm(dim=-1).max() if k.numel() else zero,
+        *(t.norm() / math.sqrt(max(1, t.numel())) for t in (q, k, v))]).tolist()
     S = abs(scale) * qn * kn
     if case.spec.softcap is not None:
         S = _capped_score_sensitivity(q, k, scale, case.spec.softcap)
-    dp = _rms(v) * math.sqrt(v.shape[-1])  # |dP| for a unit-RMS upstream gradient
+    dp = rms_v * math.sqrt(v.shape[-1])  # |dP| for a unit-RMS upstream gradient
     return {
         "S": S,
-        "out": 0.5 * _rms(v),
-        "dq": 0.25 * abs(scale) * dp * _rms(k),
+        "out": 0.5 * rms_v,
+        "dq": 0.25 * abs(scale) * dp * rms_k,
         # dK_j sums the cancelling terms of every query that sees key j: with Lq >> Lk (Lk = 1 gives
         # dK = 0 exactly) their rounding grows like sqrt(Lq / Lk)
-        "dk": 0.25 * abs(scale) * dp * _rms(q) * math.sqrt(max(1.0, q.shape[2] / max(1, k.shape[2]))),
+        "dk": 0.25 * abs(scale) * dp * rms_q * math.sqrt(max(1.0, q.shape[2] / max(1, k.shape[2]))),
         "dv": 0.0,
         "lse": 1.0,
     }

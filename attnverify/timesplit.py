@@ -92,6 +92,11 @@ def leave(name: str) -> None:
     _stack[-1][1] = now
 
 
+def current() -> Optional[str]:
+    """The phase the time goes to now (None when no example is timed): for tools that count per phase."""
+    return _stack[-1][0] if _stack else None
+
+
 @contextmanager
 def phase(name: str):
     enter(name)

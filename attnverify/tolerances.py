@@ -203,16 +203,25 @@ def expected_rounding(ref: torch.Tensor, dtype, *, scale_floor: float = 0.0, ign
     keep = torch.isfinite(r)
     if ignore is not None:
         keep = keep & ~ignore.to(r.device).expand_as(r)
-    n = int(keep.sum())
-    if n == 0:
-        return 0.0
-    a = torch.where(keep, r.abs(), torch.zeros_like(r))
-    tdt = getattr(torch, name)
-    tiny = torch.finfo(tdt).tiny
+    return rounding_from_terms(*(float(t) for t in rounding_terms(r, keep, name)), scale_floor)
+
+
+def rounding_terms(r: torch.Tensor, keep: torch.Tensor, name: str):
+    """expected_rounding's three sums as 0-dim tensors, no host round trip (attnverify.baseline_stats reads
+    them with its other statistics at once): the elements kept, the norm of |r| over them, the norm of the
+    dtype's gap at each."""
+    a = torch.where(keep, r.abs(), 0.0)
+    tiny = torch.finfo(getattr(torch, name)).tiny
     gap = 2.0 * UNIT_ROUNDOFF[name] * torch.pow(2.0, torch.floor(torch.log2(a.clamp_min(tiny))))
-    gap = torch.where(keep, gap, torch.zeros_like(gap))
-    den = max(float(a.norm()), scale_floor * math.sqrt(n))
-    return float(gap.norm()) / math.sqrt(12.0) / den if den > 0 else 0.0
+    return keep.sum(), a.norm(), torch.where(keep, gap, 0.0).norm()
+
+
+def rounding_from_terms(n: float, a_norm: float, gap_norm: float, scale_floor: float = 0.0) -> float:
+    """expected_rounding from rounding_terms' values (the denominator never below scale_floor * sqrt(n))."""
+    if int(n) == 0:
+        return 0.0
+    den = max(a_norm, scale_floor * math.sqrt(int(n)))
+    return gap_norm / math.sqrt(12.0) / den if den > 0 else 0.0
 
 
 def tolerance_for(

@@ -50,6 +50,8 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.dtype == b.dtype and a.dtype in _BYTE_FLOATS:  # fp8: no arithmetic on the CPU; compare the bits
         return bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
+    if a.dtype == b.dtype and torch.equal(a, b):  # no NaN and equal: one pass, one host round trip (issue 25)
+        return True
     return bool(torch.equal(torch.nan_to_num(a, nan=1.2345), torch.nan_to_num(b, nan=1.2345))) and bool(
         torch.equal(torch.isnan(a), torch.isnan(b))
     )

@@ -15,7 +15,11 @@
 # benchmarks/time_split.py, and kept in $OUT with the journals.
 #
 # $OUT (at most 8 files): summary.md, flash.log, flash_none.log, triton.log, flash_results.jsonl,
-# triton_results.jsonl, versions.txt
+# triton_results.jsonl, versions.txt, and with PROFILE_FLASH=1 flash_profile.txt: the --isolate none run
+# under cProfile (everything in one process), its top functions by own time and by cumulative time.
+#
+# Under 2 minutes (issue 25's re-measurement; the caps stop a run, its split is still read from its journal):
+#   FLASH_T=25 TRITON_T=60 PROFILE_FLASH=1 bash benchmarks/throughput_h200.sh
 set -u
 OUT=${OUT:-/tmp/throughput}; mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTEST_PLUGINS=${PYTEST_PLUGINS-attnverify.plugin} PYTHONUNBUFFERED=1
@@ -45,12 +49,24 @@ summary="$OUT/summary.md"
 for iso in subprocess none; do
   log="$OUT/flash.log"; [ "$iso" = none ] && log="$OUT/flash_none.log"
   rep="$W/flash_$iso"
+  prof=()
+  [ "$iso" = none ] && [ "${PROFILE_FLASH:-0}" = 1 ] && prof=(-m cProfile -o "$W/flash.prof")
   t0=$(now)
-  (cd "$W" && timeout "$FLASH_T" $py -m attnverify.cli run --adapter "$FLASH" --profile dev -n 1 --isolate "$iso" \
+  # SIGINT at the cap: pytest stops, cProfile still writes its profile (it would not on SIGTERM)
+  (cd "$W" && timeout -s INT -k 10 "$FLASH_T" $py "${prof[@]}" -m attnverify.cli run --adapter "$FLASH" --profile dev -n 1 --isolate "$iso" \
      -k forward_matches_reference --seed 1 --report "$rep" --no-html -q) > "$log" 2>&1
   rc=$?; t1=$(now)
+  if [ -f "$W/flash.prof" ]; then
+    $py - "$W/flash.prof" > "$OUT/flash_profile.txt" 2>&1 <<'PY'
+import pstats, sys
+st = pstats.Stats(sys.argv[1])
+print("--isolate none under cProfile (timings inflated by the profiler; compare shares, not seconds)")
+st.sort_stats("tottime").print_stats(40)
+st.sort_stats("cumulative").print_stats("attnverify|hypothesis/internal/conjecture/(engine|pareto)", 60)
+PY
+  fi
   [ "$iso" = subprocess ] && cp "$rep/results.jsonl" "$OUT/flash_results.jsonl" 2>/dev/null
-  $py - "$rep" "$iso" "$rc" "$t0" "$t1" "$FLASH" >> "$summary" <<'PY'
+  $py - "$rep" "$iso" "$rc" "$t0" "$t1" "$FLASH" "${#prof[@]}" >> "$summary" <<'PY'
 import sys
 from attnverify.journal import last_run
 from attnverify.split_table import split_rows, split_table
@@ -63,12 +79,20 @@ verdict = ("MET" if rate >= 100 else "NOT MET") if rows else f"NOT MEASURED (exi
 # initialisation and first imports left out), from the records' own timestamps
 ts = sorted(float(r["t"]) for r in recs if r.get("event") == "result" and r.get("property") == "forward_matches_reference")
 steady = (len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) > 2 and ts[-1] > ts[0] else 0.0
-print(f"## {sys.argv[6]} forward_matches_reference, dev profile, -n 1, --isolate {iso}\n")
+print(f"## {sys.argv[6]} forward_matches_reference, dev profile, -n 1, --isolate {iso}"
+      + (" (under cProfile: slower than without it)" if sys.argv[7] != "0" else "") + "\n")
 print(f"exit {rc}; command wall {t1 - t0:.1f} s (startup included); "
       f"{rows[0]['examples'] if rows else 0} examples in {rows[0]['wall'] if rows else 0:.2f} s of the test item: "
       f"**{rate:.1f} examples/s per worker** (target >= 100: {verdict}); after the first example "
       f"(the child's start and first imports left out): {steady:.1f} examples/s\n")
 print(split_table(recs))
+# a cost that falls as the run goes on is a first use (a kernel loaded, a cuBLAS plan, an allocation), not per example
+res = [r for r in recs if r.get("event") == "result" and r.get("property") == "forward_matches_reference"]
+if len(res) > 40:
+    def mean(rs, k):
+        return 1000 * sum((r.get("split") or {}).get(k, 0.0) for r in rs) / len(rs)
+    print("\nmean ms, first 20 examples / the rest: " + ", ".join(
+        f"{k} {mean(res[:20], k):.1f} / {mean(res[20:], k):.1f}" for k in ("draw", "case", "adapter", "reference", "baseline", "compare", "other")))
 print()
 PY
 done

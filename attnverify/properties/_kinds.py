@@ -21,9 +21,12 @@ from .base import ExampleResult, Property
 
 
 def _result_from_check(res, case) -> ExampleResult:
+    rec = res.to_dict()
+    # the record already holds the case's dict when it is this case (made once: its id hashes the recipe's JSON)
+    cd = dict(rec["case"]) if res.case is case else case.to_dict()
     return ExampleResult(
-        passed=res.passed, message="" if res.passed else res.message(), severity=res.severity(),
-        records=[res.to_dict()], case=case.to_dict(), status=res.status if res.status != "error" else "error",
+        passed=res.passed, message="" if res.passed else res.message(), severity=rec["severity"],
+        records=[rec], case=cd, status=res.status if res.status != "error" else "error",
         seconds=res.seconds,
     )
 
