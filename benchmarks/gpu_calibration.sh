@@ -13,7 +13,7 @@
 #   T=200 N=1200 POOL=8 ADAPTERS="triton flex jax" bash benchmarks/gpu_calibration.sh /tmp/gpucal
 # FAMILY=dominant-key draws every case with the backward precision corpus entries' values (a dominant first key,
 # a key offset; calibrate_tolerances.py --family), for false positives of correct kernels on them.
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 R=${1:-/tmp/gpucal}; N=${N:-1000}; T=${T:-300}; mkdir -p "$R"
 ADAPTERS=${ADAPTERS:-naive sdpa-math sdpa-flash sdpa-efficient sdpa-cudnn sdpa triton flex jax flash-attn4}
 for a in $ADAPTERS; do
