@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
-import triton
 
 from . import combine, common, decode
 from .launch import BIG, interpreting, triton_next_pow2
@@ -86,27 +85,37 @@ def _check(q, k_cache, v_cache, k_new, v_new, causal, validate_lengths, seqlens,
         raise _bad("causal", f"{causal!r}: give 'none', 'top_left' or 'bottom_right'")
     if not validate_lengths:
         return
+    if seqlens.numel() == 0:
+        return
     n, s = k_cache.shape[0], k_cache.shape[1]
     need = seqlens.long() + (0 if k_new is None else k_new.shape[2])
-    if bool((seqlens < 0).any()):
-        raise _bad("cache_seqlens", "lengths must be >= 0")
-    if pads is not None and bool(((pads < 0) | (pads > seqlens)).any()):
-        raise _bad("cache_leftpad", "each batch's start slot must lie in [0, cache_seqlens[b]]")
+    zero = need.new_zeros(())
+    bad_pads = zero if pads is None else ((pads < 0) | (pads > seqlens)).any().long()
     if table is not None:
-        if int(need.max()) > table.shape[1] * s:
-            raise _bad("cache_seqlens", f"a batch needs {int(need.max())} slots, its block table row holds "
-                                        f"{table.shape[1]} pages of {s}")
         pages_used = (need + s - 1) // s
         j = torch.arange(table.shape[1], device=table.device)[None, :]
         used = j < pages_used[:, None]
         if pads is not None:  # pages wholly inside the left padding are never read
             used &= j >= (pads.long() // s)[:, None]
-        if bool(((table < 0) | (table >= n))[used].any()):
+        bad_where = (((table < 0) | (table >= n)) & used).any().long()
+    else:
+        bad_where = zero if rows is None else ((rows < 0) | (rows >= n)).any().long()
+    # one read-back for every check (a device sync on a GPU), not one per check
+    neg, most, pads_out, where_out = torch.stack([(seqlens < 0).any().long(), need.max(), bad_pads, bad_where]).tolist()
+    if neg:
+        raise _bad("cache_seqlens", "lengths must be >= 0")
+    if pads_out:
+        raise _bad("cache_leftpad", "each batch's start slot must lie in [0, cache_seqlens[b]]")
+    if table is not None:
+        if most > table.shape[1] * s:
+            raise _bad("cache_seqlens", f"a batch needs {most} slots, its block table row holds "
+                                        f"{table.shape[1]} pages of {s}")
+        if where_out:
             raise _bad("block_table", f"a page a batch reads is outside the pool's {n} pages")
     else:
-        if int(need.max()) > s:
-            raise _bad("cache_seqlens", f"a batch needs {int(need.max())} slots, a cache row holds {s}")
-        if rows is not None and bool(((rows < 0) | (rows >= n)).any()):
+        if most > s:
+            raise _bad("cache_seqlens", f"a batch needs {most} slots, a cache row holds {s}")
+        if where_out:
             raise _bad("cache_batch_idx", f"a row is outside the cache's {n} rows")
 
 
@@ -159,24 +168,26 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     bn = block_n or 64
     if num_splits is None:
         capacity = table.shape[1] * page
-        max_splits = 1 if interp else max(1, min(MAX_SPLITS, triton.cdiv(capacity, SPLIT_TARGET)))
+        max_splits = 1 if interp else max(1, min(MAX_SPLITS, -(-capacity // SPLIT_TARGET)))
         splits = 0
     else:
         max_splits = splits = int(num_splits)
     direct = max_splits == 1
-    if direct:
-        op, lp = out.new_empty(1, 1, 1, 1, 1, dtype=torch.float32), lse.new_empty(1, 1, 1, 1)
+    if direct:  # the partial buffers are never touched (DIRECT): out and lse stand in, no allocation
+        op, lp = out, lse
+        op_strides, lp_strides = (0, 0, 0, 0, 0), (0, 0, 0, 0)
     else:
         op = torch.empty(b, hq, lq, max_splits, dv, device=q.device, dtype=torch.float32)
         lp = torch.empty(b, hq, lq, max_splits, device=q.device, dtype=torch.float32)
+        op_strides, lp_strides = op.stride(), lp.stride()
     bd, bdv = max(16, triton_next_pow2(d)), max(16, triton_next_pow2(dv))
     flags = dict(IS_CAUSAL=causal != "none", CAUSAL_BR=causal == "bottom_right", HAS_WINDOW=win != (-1, -1),
                  HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None, UPCAST=interp,
                  IEEE=q.dtype == torch.float32)
-    grid = (b * hkv, triton.cdiv(group * lq, bm), max_splits)
+    grid = (b * hkv, -(-(group * lq) // bm), max_splits)  # host integer arithmetic: triton.cdiv is a JIT function
     decode._decode_partial[grid](
         q, k_cache, v_cache, out, lse, op, lp, seqlens, table, slopes, sink_t, seqlens if pads is None else pads,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(), *op.stride(), *lp.stride(),
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(), *op_strides, *lp_strides,
         *table.stride(), saz, sah,
         hkv, group, lq, page, new_len, splits, max_splits, SPLIT_TARGET,
         sc, sc * common.LOG2E_F, cap_scale, cap_c2, wl, wr,
@@ -187,7 +198,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if not direct:
         rows_n = b * hq * lq
         br = 16
-        combine._combine[(triton.cdiv(rows_n, br),)](
+        combine._combine[(-(-rows_n // br),)](
             op, lp, out, lse, sink_t, *op.stride(), *lp.stride(), *out.stride(), *lse.stride(),
             rows_n, hq, lq, max_splits, dv,
             BLOCK_R=br, BLOCK_S=max(2, triton_next_pow2(max_splits)), BLOCK_DV=bdv, EVEN_DV=dv == bdv,
