@@ -251,3 +251,26 @@ def test_paged_decode_reads_a_bhsd_pool_through_its_strides():
     wrong = paged_decode(case.q, bhsd_k.view(case.k.shape), bhsd_v.view(case.v.shape), s.cache_seqlens,
                          block_table=s.block_table, num_splits=2)  # the same bytes read as the other layout
     assert not torch.equal(torch.nan_to_num(wrong[0], nan=9.0), a[0])
+
+
+def test_paged_decode_reads_the_lengths_back_once(monkeypatch):
+    """Validation is one device read-back (a sync on a GPU) for all length checks, none without it."""
+    from attnverify.kernels import combine, decode
+
+    class Stub:
+        def __getitem__(self, grid):
+            return lambda *a, **k: None
+
+    monkeypatch.setattr(decode, "_decode_partial", Stub())
+    monkeypatch.setattr(combine, "_combine", Stub())
+    count = [0]
+    for name in ("tolist", "item", "__bool__", "__int__"):
+        orig = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _o=orig, **k: (count.__setitem__(0, count[0] + 1), _o(t, *a, **k))[1])
+    case = build_case(CASES["paged-leftpad-append-causal-splits3"])
+    s = case.spec
+    for validate, want in ((True, 1), (False, 0)):
+        count[0] = 0
+        paged_decode(case.q, case.k.clone(), case.v.clone(), s.cache_seqlens, block_table=s.block_table, k_new=s.k_new,
+                     v_new=s.v_new, num_splits=3, cache_leftpad=s.cache_leftpad, validate_lengths=validate)
+        assert count[0] == want, (validate, count[0])
