@@ -69,6 +69,13 @@ _NAN_GARBAGE_OUT = r"garbage=(nan|mixed) in unused slots[\s\S]*non-finite value\
 _CPU_FINDINGS = {
     "paged_equals_contiguous": {"why": PARTIAL_PAGE_NAN, "match": r"garbage reached the output: .* hold (nan|mixed)"},
     "kv_cache_append": {"why": PARTIAL_PAGE_NAN, "match": _NAN_GARBAGE_OUT},
+    # compiled flex on the CPU (torch 2.13), tests/test_flex_paged.py -m slow, 2026-12-04: B=2 Hq=1 Lq=1 D=16 fp32,
+    # page 16, cache_seqlens [130, 64]: request 1 alone and co-batched differ in 7 of 16 output elements (bitwise;
+    # repeats of one call are identical): the logical block mask spans the batch's longest sequence, so the same
+    # request runs a differently shaped compiled kernel
+    "batch_invariance": {"why": "compiled PagedAttention/flex_attention (torch 2.13, CPU) is not bitwise batch-invariant: "
+                                "a request's output changes in the last bits when co-batched with a longer one",
+                         "match": r"out\[request \d+\]: not bitwise identical"},
 }
 
 
