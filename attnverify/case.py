@@ -90,6 +90,7 @@ class CaseRecipe:
     num_pages: int = 0
     block_table: Optional[List[List[int]]] = None
     cache_batch_idx: Optional[List[int]] = None
+    cache_leftpad: Optional[List[int]] = None  # the slot each batch's cached keys start at (Spec.cache_leftpad)
     new_len: int = 0
     garbage: str = "none"
     num_splits: Optional[int] = None
@@ -330,6 +331,8 @@ def _validate(r: CaseRecipe) -> None:
             raise bad("descales", "descales with a KV cache are not part of the semantics yet")
     if r.layout == "v_colmajor" and r.cache_lens is not None:
         raise bad("layout", "v_colmajor is a layout of a plain (B, H, L, D) call, not of a KV cache")
+    if r.cache_leftpad is not None and r.cache_lens is None:
+        raise bad("cache_leftpad", "left padding is for a KV-cache case: give cache_lens too")
     if r.cache_lens is not None:
         from .paged import validate_recipe
 

@@ -9,6 +9,10 @@ k and v are caches of layout (N, S, Hkv, D) / (N, S, Hkv, Dv):
   the last page a sequence needs are never read;
 - contiguous (`block_table` None): the keys of batch b are the first cache_seqlens[b] slots of cache row
   cache_batch_idx[b] (default b);
+- left padding (`spec.cache_leftpad` (B,) int32, flash_attn_with_kvcache's cache_leftpad): batch b's cached
+  keys are slots cache_leftpad[b] .. cache_seqlens[b] - 1 instead (cache_seqlens[b] - cache_leftpad[b] keys;
+  slots below cache_leftpad[b] are padding, never read), paged or contiguous; key positions (causal, window,
+  ALiBi) count from the first of them; an append still lands at cache_seqlens[b];
 - append (`spec.k_new`, `spec.v_new` (B, Hkv, Lnew, D)): before attending, the adapter writes them in
   place into batch b's slots cache_seqlens[b] .. cache_seqlens[b] + Lnew - 1, then attends to all
   cache_seqlens[b] + Lnew keys; nothing else in the caches changes;
@@ -52,6 +56,10 @@ def validate_spec(s) -> None:
         raise bad("k_new", "give k_new and v_new together")
     if s.k_new is not None and not cache:
         raise bad("k_new", "appending needs a cache: give cache_seqlens (and the caches as k and v)")
+    if s.cache_leftpad is not None and not cache:
+        raise bad("cache_leftpad", "left padding is for a KV-cache call: give cache_seqlens (B,) too")
+    if s.cache_leftpad is not None and getattr(s.cache_leftpad, "dim", lambda: 1)() != 1:
+        raise bad("cache_leftpad", f"give one start slot per batch, (B,) int32; got shape {tuple(s.cache_leftpad.shape)}")
     if s.cache_batch_idx is not None and (not cache or s.block_table is not None):
         raise bad("cache_batch_idx", "only for a contiguous cache (cache_seqlens given, block_table None)")
     if cache and (s.is_varlen or s.attn_mask is not None or s.dropout_p > 0):
@@ -65,10 +73,16 @@ def cache_dims(k: torch.Tensor) -> Tuple[int, int, int]:
     return int(k.shape[0]), int(k.shape[1]), int(k.shape[2])
 
 
+def leftpads(spec) -> List[int]:
+    """cache_leftpad per batch (0s without it)."""
+    lens = _ints(spec.cache_seqlens)
+    return [0] * len(lens) if spec.cache_leftpad is None else _ints(spec.cache_leftpad)
+
+
 def key_lengths(spec) -> List[int]:
-    """Keys each batch attends to: cache_seqlens[b] (+ Lnew when appending)."""
+    """Keys each batch attends to: cache_seqlens[b] - cache_leftpad[b] (+ Lnew when appending)."""
     new = 0 if spec.k_new is None else int(spec.k_new.shape[2])
-    return [c + new for c in _ints(spec.cache_seqlens)]
+    return [c - p + new for c, p in zip(_ints(spec.cache_seqlens), leftpads(spec))]
 
 
 def unclaimed_serving(claims, case) -> Optional[str]:
@@ -94,6 +108,8 @@ def describe(case) -> str:
         parts.append(f"block_table={torch.as_tensor(s.block_table).tolist()}")
     if s.cache_batch_idx is not None:
         parts.append(f"cache_batch_idx={_ints(s.cache_batch_idx)}")
+    if s.cache_leftpad is not None:
+        parts.append(f"cache_leftpad={_ints(s.cache_leftpad)}")
     if s.k_new is not None:
         parts.append(f"append Lnew={int(s.k_new.shape[2])}")
     if s.num_splits is not None:
@@ -124,8 +140,12 @@ def validate_recipe(r) -> None:
         raise bad("cache_lens", f"{lens}: one length >= 0 per batch (batch={r.batch})")
     if r.new_len < 0:
         raise bad("new_len", "must be >= 0")
-    if r.len_k != max(c + r.new_len for c in lens):
-        raise bad("len_k", f"a cache case has len_k = max(cache_lens) + new_len = {max(c + r.new_len for c in lens)}")
+    pads = _recipe_pads(r)
+    if len(pads) != r.batch or any(not 0 <= p <= c for p, c in zip(pads, lens)):
+        raise bad("cache_leftpad", f"{pads}: one start slot per batch with 0 <= cache_leftpad[b] <= cache_lens[b] {lens}")
+    want = max(c - p + r.new_len for c, p in zip(lens, pads))
+    if r.len_k != want:
+        raise bad("len_k", f"a cache case has len_k = max(cache_lens - cache_leftpad) + new_len = {want}")
     if r.garbage not in GARBAGE_KINDS:
         raise bad("garbage", f"{r.garbage!r} is not one of {GARBAGE_KINDS}")
     if r.mask != "none" or r.seqlens_q is not None or r.dropout_p or r.key_block is not None or r.poison:
@@ -140,6 +160,10 @@ def validate_recipe(r) -> None:
     for b, c in enumerate(lens):
         for t in range(c + r.new_len):
             _slot(r, b, t)  # raises for a slot outside the cache
+
+
+def _recipe_pads(r) -> List[int]:
+    return list(r.cache_leftpad) if r.cache_leftpad is not None else [0] * len(r.cache_lens)
 
 
 def _slot(r, b: int, t: int) -> Tuple[int, int]:
@@ -174,8 +198,8 @@ def build_cache_case(r, label: str = ""):
     v_new = torch.randn(b, hkv, r.new_len, dv, generator=gen, dtype=torch.float64) * r.v_std + r.v_mean
     if r.garbage != "none":
         used = torch.zeros(n, sz, dtype=torch.bool)
-        for bi, c in enumerate(r.cache_lens):
-            for t in range(c):
+        for bi, (c, pad) in enumerate(zip(r.cache_lens, _recipe_pads(r))):
+            for t in range(pad, c):  # the left padding below cache_leftpad[b] is garbage too
                 used[_slot(r, bi, t)] = True
         fill = {"nan": math.nan, "huge": HUGE}.get(r.garbage)
         if fill is None:  # mixed: NaN, +huge, -huge by slot
@@ -194,6 +218,7 @@ def build_cache_case(r, label: str = ""):
         block_table=torch.tensor(r.block_table, **i32) if r.paged else None,
         page_size=sz if r.paged else None,
         cache_batch_idx=None if r.cache_batch_idx is None else torch.tensor(list(r.cache_batch_idx), **i32),
+        cache_leftpad=None if r.cache_leftpad is None else torch.tensor(list(r.cache_leftpad), **i32),
         k_new=k_new.to(dt).to(dev) if r.new_len else None, v_new=v_new.to(dt).to(dev) if r.new_len else None,
         num_splits=r.num_splits,
     )

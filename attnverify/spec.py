@@ -35,6 +35,9 @@ class Spec:
     page_size: Optional[int] = None  # S of a paged cache (k.shape[1])
     cache_seqlens: Any = None  # int32 (B,): keys already cached per batch (before any append)
     cache_batch_idx: Any = None  # int32 (B,): cache row of batch b (contiguous cache only; default b)
+    # int32 (B,): flash_attn_with_kvcache's cache_leftpad, the slot batch b's keys start at (default 0): its cached
+    # keys are slots cache_leftpad[b] .. cache_seqlens[b] - 1; an append still lands at cache_seqlens[b]
+    cache_leftpad: Any = None
     k_new: Any = None  # (B, Hkv, Lnew, D): appended at slot cache_seqlens[b], in place, before attending
     v_new: Any = None
     num_splits: Optional[int] = None  # split-KV partitions (1: no split); None: the adapter's own choice
@@ -81,7 +84,8 @@ class Spec:
 
             validate_descales(self)
         if (self.cache_seqlens is not None or self.num_splits is not None or self.block_table is not None
-                or self.k_new is not None or self.v_new is not None or self.cache_batch_idx is not None):
+                or self.k_new is not None or self.v_new is not None or self.cache_batch_idx is not None
+                or self.cache_leftpad is not None):
             from .paged import validate_spec
 
             validate_spec(self)
@@ -123,6 +127,8 @@ class Spec:
             used.add("paged" if self.block_table is not None else "kv_cache")
         if self.k_new is not None:
             used.add("append")
+        if self.cache_leftpad is not None:
+            used.add("cache_leftpad")
         if self.num_splits is not None:
             used.add("num_splits")
         if self.sinks is not None:

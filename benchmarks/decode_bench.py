@@ -29,7 +29,8 @@ import subprocess
 import sys
 import time
 
-PROPS = ("paged_equals_contiguous", "kv_cache_append", "split_invariance", "lse_merge", "batch_invariance")
+PROPS = ("paged_equals_contiguous", "kv_cache_append", "split_invariance", "lse_merge", "batch_invariance",
+         "kv_cache_leftpad")
 SDPA = ("flash", "efficient", "cudnn")
 
 

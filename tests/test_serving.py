@@ -24,10 +24,11 @@ from attnverify.zoo._serving_members import SERVING
 from attnverify.zoo.selftest import run_member
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-NEW = ("paged_equals_contiguous", "kv_cache_append", "split_invariance", "lse_merge", "batch_invariance")
+NEW = ("paged_equals_contiguous", "kv_cache_append", "split_invariance", "lse_merge", "batch_invariance",
+       "kv_cache_leftpad")
 SERVING_MEMBERS = ("paged-page-off-by-one", "paged-partial-page-full", "paged-unused-page-read",
                    "paged-seqlens-minus-one", "append-wrong-slot", "append-not-written", "split-partials-bf16",
-                   "split-merge-base2", "split-combine-stride")
+                   "split-merge-base2", "split-combine-stride", "leftpad-ignored", "leftpad-append-offset")
 
 
 def _paged(**kw):
@@ -150,6 +151,8 @@ def test_naive_split_kv_matches_the_reference():
 @pytest.mark.parametrize("bug", SERVING_BUGS)
 def test_each_serving_bug_is_live(bug):
     r = _paged(len_q=1, new_len=1, len_k=11, heads_q=4, heads_kv=2, num_splits=3)  # float32: bf16 partials show
+    if bug.startswith("leftpad"):
+        r = _paged(len_q=1, new_len=1, len_k=8, heads_q=4, heads_kv=2, cache_leftpad=[3, 0])
     case = build_case(r)
     ref = reference_forward(case.q, case.k, case.v, case.spec)
     k_exp, v_exp = cache_after(case.k, case.v, case.spec)
@@ -274,7 +277,7 @@ def test_page_size_claims_steer_the_draws():
 REFERENCE64 = av.adapter(
     "reference64", register=False, dtypes=("float64",), head_dims=lambda d: d <= 256, causal=("none", "bottom_right", "top_left"),
     gqa=True, lse=True, softcap=True, window=True, alibi=True, dv_ne_d=True, kv_cache=True, paged=True, append=True,
-    num_splits=(1, 2, 4), page_sizes=lambda p: p >= 1, deterministic=True,
+    cache_leftpad=True, num_splits=(1, 2, 4), page_sizes=lambda p: p >= 1, deterministic=True,
 )(lambda q, k, v, spec: _reference_adapter(q, k, v, spec))
 
 
@@ -379,8 +382,8 @@ def _recipe_here(monkeypatch):
     if "cuda" in a.claims.devices and torch.cuda.is_available():
         return a
     # on a CPU: the stand-in, with the claims widened to the CPU and float32 (page sizes stay as written)
-    return av.Adapter(a.name + "-on-cpu", a.fn, dataclasses.replace(a.claims, devices=("cpu",),
-                                                                     dtypes=("float32",) + a.claims.dtypes))
+    return dataclasses.replace(a, name=a.name + "-on-cpu", claims=dataclasses.replace(
+        a.claims, devices=("cpu",), dtypes=("float32",) + a.claims.dtypes))
 
 
 def test_paged_decode_recipe_holds_the_serving_properties(monkeypatch):
@@ -399,4 +402,4 @@ def test_paged_decode_recipe_copying_its_caches_fails(monkeypatch):
         return good.fn(q, k.clone(), v.clone(), spec)
 
     with pytest.raises(AssertionError, match="appended slot"):
-        _run("kv_cache_append", av.Adapter("paged-decode-copies", copies, good.claims))
+        _run("kv_cache_append", av.Adapter("paged-decode-copies", copies, good.claims, refuses=good.refuses))

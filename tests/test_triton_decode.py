@@ -34,7 +34,8 @@ from attnverify.reference.paged import cache_after  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 DEV = "cuda" if _CUDA else "cpu"
-NEW = ("paged_equals_contiguous", "kv_cache_append", "split_invariance", "lse_merge", "batch_invariance")
+NEW = ("paged_equals_contiguous", "kv_cache_append", "split_invariance", "lse_merge", "batch_invariance",
+       "kv_cache_leftpad")
 
 
 def _recipe(**kw):
@@ -57,6 +58,13 @@ CASES = {
         page_size=73, num_pages=4, cache_batch_idx=[2, 0, 3], garbage="nan", dtype="bfloat16", device=DEV,
         causal="top_left", window=(16, 0), softcap=5.0, alibi=True, return_lse=True, num_splits=4, scale=0.5),
     "float32-gqa16-splits8": _recipe(heads_q=16, heads_kv=1, dtype="float32", num_splits=8, head_dim=16),
+    "paged-leftpad-append-causal-splits3": _recipe(
+        len_q=2, len_k=80, new_len=2, causal="bottom_right", num_splits=3, cache_lens=[88, 9, 41],
+        cache_leftpad=[10, 9, 0], garbage="nan"),
+    "contiguous-leftpad-window-alibi": CaseRecipe(
+        batch=2, heads_q=4, heads_kv=2, len_q=3, len_k=43, head_dim=32, cache_lens=[45, 40], cache_leftpad=[5, 17],
+        new_len=3, page_size=50, num_pages=3, cache_batch_idx=[2, 0], garbage="mixed", dtype="float16", device=DEV,
+        causal="bottom_right", window=(8, 0), alibi=True, return_lse=True),
 }
 
 
@@ -69,10 +77,11 @@ def test_paged_decode_matches_the_reference_and_appends_in_place(name):
     out, lse = paged_decode(case.q, case.k, case.v, s.cache_seqlens, block_table=s.block_table,
                             cache_batch_idx=s.cache_batch_idx, k_new=s.k_new, v_new=s.v_new, num_splits=s.num_splits,
                             scale=s.scale, causal=s.causal, window=s.window, softcap=s.softcap,
-                            alibi_slopes=s.alibi_slopes)
+                            alibi_slopes=s.alibi_slopes, cache_leftpad=s.cache_leftpad)
     lens = s.cache_seqlens.tolist()
+    pads = [0] * len(lens) if s.cache_leftpad is None else s.cache_leftpad.tolist()
     for b in range(case.q.shape[0]):
-        if lens[b] + (0 if s.k_new is None else s.k_new.shape[2]) == 0:  # no key: output 0, LSE -inf
+        if lens[b] - pads[b] + (0 if s.k_new is None else s.k_new.shape[2]) == 0:  # no key: output 0, LSE -inf
             assert (out[b] == 0).all() and torch.isneginf(lse[b]).all()
             continue
         tol = {"float32": 2e-5, "float16": 3e-3, "bfloat16": 2.5e-2}[case.dtype]
@@ -107,6 +116,8 @@ def test_paged_decode_is_split_and_batch_invariant_bitwise():
     (dict(causal="bottom-right"), "causal"),
     (dict(k_new=torch.zeros(1, 2, 1, 16)), "k_new and v_new together"),
     (dict(block_table=[[0, 1]], cache_batch_idx=[0]), "cache_batch_idx"),
+    (dict(cache_leftpad=[10]), "cache_leftpad.*start slot"),
+    (dict(cache_leftpad=[[1]]), "cache_leftpad.*1 dim"),
 ])
 def test_paged_decode_rejects_bad_input_by_name(kw, match):
     q, k = torch.zeros(1, 2, 1, 16, device=DEV), torch.zeros(4, 8, 2, 16, device=DEV)
@@ -240,3 +251,26 @@ def test_paged_decode_reads_a_bhsd_pool_through_its_strides():
     wrong = paged_decode(case.q, bhsd_k.view(case.k.shape), bhsd_v.view(case.v.shape), s.cache_seqlens,
                          block_table=s.block_table, num_splits=2)  # the same bytes read as the other layout
     assert not torch.equal(torch.nan_to_num(wrong[0], nan=9.0), a[0])
+
+
+def test_paged_decode_reads_the_lengths_back_once(monkeypatch):
+    """Validation is one device read-back (a sync on a GPU) for all length checks, none without it."""
+    from attnverify.kernels import combine, decode
+
+    class Stub:
+        def __getitem__(self, grid):
+            return lambda *a, **k: None
+
+    monkeypatch.setattr(decode, "_decode_partial", Stub())
+    monkeypatch.setattr(combine, "_combine", Stub())
+    count = [0]
+    for name in ("tolist", "item", "__bool__", "__int__"):
+        orig = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _o=orig, **k: (count.__setitem__(0, count[0] + 1), _o(t, *a, **k))[1])
+    case = build_case(CASES["paged-leftpad-append-causal-splits3"])
+    s = case.spec
+    for validate, want in ((True, 1), (False, 0)):
+        count[0] = 0
+        paged_decode(case.q, case.k.clone(), case.v.clone(), s.cache_seqlens, block_table=s.block_table, k_new=s.k_new,
+                     v_new=s.v_new, num_splits=3, cache_leftpad=s.cache_leftpad, validate_lengths=validate)
+        assert count[0] == want, (validate, count[0])

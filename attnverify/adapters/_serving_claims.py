@@ -1,10 +1,11 @@
-"""Validation of the serving claims of `@av.adapter`: kv_cache, paged, page_sizes, append, num_splits."""
+"""Validation of the serving claims of `@av.adapter`: kv_cache, paged, page_sizes, append, cache_leftpad,
+num_splits."""
 from __future__ import annotations
 
 
 def validate_serving_claims(c: dict, bad) -> None:
     """Normalise the serving keywords of `c` in place; `bad(arg, why)` makes the error to raise."""
-    for flag in ("kv_cache", "paged", "append"):
+    for flag in ("kv_cache", "paged", "append", "cache_leftpad"):
         if flag in c and not isinstance(c[flag], bool):
             raise bad(flag, f"must be True or False, got {c[flag]!r}")
     if "page_sizes" in c:
@@ -20,6 +21,8 @@ def validate_serving_claims(c: dict, bad) -> None:
             c["page_sizes"] = ps
     if c.get("append") and not (c.get("kv_cache") or c.get("paged")):
         raise bad("append", "k_new/v_new are appended to a KV cache: add kv_cache=True and/or paged=True")
+    if c.get("cache_leftpad") and not (c.get("kv_cache") or c.get("paged")):
+        raise bad("cache_leftpad", "left padding is a KV-cache feature: add kv_cache=True and/or paged=True")
     if "num_splits" in c:
         ns = c["num_splits"]
         ns = (ns,) if isinstance(ns, int) and not isinstance(ns, bool) else ns

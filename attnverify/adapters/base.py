@@ -50,6 +50,7 @@ class Claims:
     page_sizes: Union[Tuple[int, ...], Callable[[int], bool]] = DEFAULT_PAGE_SIZES
     append: bool = False
     num_splits: Tuple[int, ...] = ()
+    cache_leftpad: bool = False  # spec.cache_leftpad: batch b's keys start at slot cache_leftpad[b] (paged.py)
     # issue 23 (docs/adapters.md): learnable per-head sinks (forward; their gradient with backward),
     # chunked local attention (Spec.attention_chunk)
     sinks: bool = False
@@ -75,7 +76,7 @@ class Claims:
 
     def summary(self) -> str:
         feats = [f for f in ("window", "softcap", "alibi", "attn_mask", "gqa", "varlen", "dropout", "backward", "lse",
-                             "deterministic", "kv_cache", "paged", "append", "sinks", "attention_chunk",
+                             "deterministic", "kv_cache", "paged", "append", "cache_leftpad", "sinks", "attention_chunk",
                              "descales") if getattr(self, f)]
         hd = "predicate" if callable(self.head_dims) else ",".join(map(str, self.head_dims))
         causal = "/".join(c for c in self.causal)

@@ -181,7 +181,7 @@ def _attend(q, kk, vv, spec: Spec, acc, bias, vis, keep, p_dtype=None):
     window=True, softcap=True, alibi=True, attn_mask=True, gqa=True, varlen=True, dropout=True,
     backward=True, lse=True, dv_ne_d=True, fully_masked="zeros", deterministic=True,
     memory="quadratic", kv_cache=True, paged=True, page_sizes=lambda p: p >= 1, append=True,
-    num_splits=(1, 2, 3, 4, 5, 8, 16, 32), sinks=True, attention_chunk=True, descales=True,
+    cache_leftpad=True, num_splits=(1, 2, 3, 4, 5, 8, 16, 32), sinks=True, attention_chunk=True, descales=True,
     description="eager PyTorch, input dtype, float32 softmax (the same-dtype baseline)",
 )
 def naive(q, k, v, spec: Spec):

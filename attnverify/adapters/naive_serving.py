@@ -35,9 +35,9 @@ def append_in_place(k, v, spec: Spec) -> None:
             v[rows, offs] = spec.v_new[b].transpose(0, 1).to(v.dtype)
 
 
-def gather(k, v, spec: Spec, b: int, length: int):
-    """Batch b's first `length` keys and values, (1, Hkv, length, D)."""
-    rows, offs = _slot_index(spec, b, 0, length, k.shape[1], k.device)
+def gather(k, v, spec: Spec, b: int, length: int, start: int = 0):
+    """Batch b's `length` keys and values from slot `start` on, (1, Hkv, length, D)."""
+    rows, offs = _slot_index(spec, b, start, length, k.shape[1], k.device)
     return k[rows, offs].transpose(0, 1).unsqueeze(0), v[rows, offs].transpose(0, 1).unsqueeze(0)
 
 
@@ -80,13 +80,15 @@ def cache_attention(q, k, v, spec: Spec, dense) -> Output:
     append_in_place(k, v, spec)
     new = 0 if spec.k_new is None else spec.k_new.shape[2]
     outs, lses = [], []
-    for b, c in enumerate(torch.as_tensor(spec.cache_seqlens).tolist()):
-        kb, vb = gather(k, v, spec, b, int(c) + new)
+    lens = torch.as_tensor(spec.cache_seqlens).tolist()
+    pads = [0] * len(lens) if spec.cache_leftpad is None else torch.as_tensor(spec.cache_leftpad).tolist()
+    for b, (c, pad) in enumerate(zip(lens, pads)):
+        kb, vb = gather(k, v, spec, b, int(c) - int(pad) + new, start=int(pad))
         slopes = spec.alibi_slopes
         if isinstance(slopes, torch.Tensor) and slopes.dim() == 2:
             slopes = slopes[b:b + 1]
         sb = spec.replace(block_table=None, page_size=None, cache_seqlens=None, cache_batch_idx=None, k_new=None,
-                          v_new=None, alibi_slopes=slopes)
+                          v_new=None, cache_leftpad=None, alibi_slopes=slopes)
         r = dense(q[b:b + 1], kb, vb, sb)
         outs.append(r.out)
         lses.append(r.lse)

@@ -19,6 +19,7 @@ BUILTINS: Dict[str, str] = {
     "sdpa-cudnn": "attnverify.adapters.sdpa:sdpa_cudnn",
     "triton": "attnverify.adapters.triton_adapter:triton",
     "flex": "attnverify.adapters.flex:flex",
+    "flex-paged": "attnverify.adapters.flex_paged:flex_paged",
     "flash-attn": "attnverify.adapters.flash_attn:flash_attn",
     "flash-attn-kvcache": "attnverify.adapters.flash_attn:flash_attn_kvcache",
     "flash-attn3": "attnverify.adapters.flash_attn:flash_attn3",

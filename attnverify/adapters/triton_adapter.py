@@ -114,6 +114,7 @@ def _refuses(case):
     paged=True,
     page_sizes=lambda p: p >= 1,
     append=True,
+    cache_leftpad=True,
     num_splits=(1, 2, 3, 4, 8, 16),
 )
 def triton(q, k, v, spec: Spec):

@@ -32,7 +32,8 @@ def serve(q, k, v, spec: Spec) -> Output:
                   softcap=spec.softcap, alibi_slopes=spec.alibi_slopes)
     if spec.cache_seqlens is not None:
         out, lse = paged_decode(q, k, v, spec.cache_seqlens, block_table=spec.block_table,
-                                cache_batch_idx=spec.cache_batch_idx, k_new=spec.k_new, v_new=spec.v_new, **common)
+                                cache_batch_idx=spec.cache_batch_idx, k_new=spec.k_new, v_new=spec.v_new,
+                                cache_leftpad=spec.cache_leftpad, **common)
     else:
         b, lk = q.shape[0], k.shape[2]
         if lk == 0:

@@ -9,8 +9,10 @@ Keys: batch b attends to seq_k = cache_seqlens[b] + new_len keys (an append is w
 before the launch). Key t lives in page TABLE[b, t // page_size] at slot t % page_size of the pool
 (N, page_size, Hkv, D) -- any strides, so a BHSD pool (N, Hkv, S, D) is the same kernel with other strides.
 A contiguous cache is the same thing with one "page" per batch: TABLE = cache_batch_idx[:, None] and
-page_size = S (ROW_IS_BATCH: row b, no table at all). Loads past seq_k (and table entries past the last page) are masked: garbage in unused
-slots never enters a score or a product.
+page_size = S (ROW_IS_BATCH: row b, no table at all). With HAS_LEFTPAD (flash_attn_with_kvcache's
+cache_leftpad) batch b's keys start at slot LEFTPAD[b]: seq_k = cache_seqlens[b] - LEFTPAD[b] + new_len, key t
+in slot t + LEFTPAD[b]; positions (causal, window, ALiBi) count keys, not slots. Loads past seq_k (and table
+entries past the last page) are masked: garbage in unused slots never enters a score or a product.
 
 Splits: `splits` > 0 cuts every batch's keys into that many chunks of its own length (a multiple of
 SPLIT_ALIGN keys each, so short sequences are split too); `splits` = 0 lets each batch choose min(max_splits, cdiv(seq_k, split_target)) --
@@ -33,7 +35,7 @@ from .common import LN2, LOG2E, _dot, _lowp, _scores
 
 @triton.jit(do_not_specialize=["HEAD_DIM", "HEAD_DIM_V", "page_size", "new_len", "splits", "split_target"])
 def _decode_partial(
-    Q, K, V, O, LSE, OP, LP, SEQLENS, TABLE, SLOPES, SINKS,
+    Q, K, V, O, LSE, OP, LP, SEQLENS, TABLE, SLOPES, SINKS, LEFTPAD,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kp, stride_ks, stride_kh, stride_kd,
     stride_vp, stride_vs, stride_vh, stride_vd,
@@ -49,7 +51,7 @@ def _decode_partial(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, CAUSAL_BR: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr, DIRECT: tl.constexpr,
-    SPLIT_ALIGN: tl.constexpr, ROW_IS_BATCH: tl.constexpr,
+    SPLIT_ALIGN: tl.constexpr, ROW_IS_BATCH: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -78,6 +80,11 @@ def _decode_partial(
         slope = 0.0
 
     seq_k = tl.load(SEQLENS + b).to(tl.int32) + new_len
+    if HAS_LEFTPAD:
+        pad = tl.load(LEFTPAD + b).to(tl.int32)
+        seq_k -= pad
+    else:
+        pad = 0
     diag_off = seq_k - seq_q
     if CAUSAL_BR:
         causal_off = diag_off
@@ -111,11 +118,12 @@ def _decode_partial(
     for start_n in range(k_lo, k_hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         live = offs_n < k_hi
+        slot_n = offs_n + pad  # the cache slot of key t (left padding skipped)
         if ROW_IS_BATCH:  # a contiguous cache read at row b: no table to load
             page = (offs_n * 0 + b).to(tl.int64)
         else:
-            page = tl.load(t_row + (offs_n // page_size) * stride_tj, mask=live, other=0).to(tl.int64)
-        slot = (offs_n % page_size).to(tl.int64)
+            page = tl.load(t_row + (slot_n // page_size) * stride_tj, mask=live, other=0).to(tl.int64)
+        slot = (slot_n % page_size).to(tl.int64)
         kmask = live[None, :]
         vmask = live[:, None]
         if not EVEN_D:

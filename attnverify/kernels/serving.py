@@ -2,11 +2,12 @@
 
     out, lse = paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, cache_batch_idx=None,
                             k_new=None, v_new=None, num_splits=None, scale=None, causal="none", window=None,
-                            softcap=None, alibi_slopes=None, sinks=None)
+                            softcap=None, alibi_slopes=None, sinks=None, cache_leftpad=None)
 
 q (B, Hq, Lq, D); caches (N, S, Hkv, D) / (N, S, Hkv, Dv) (a paged pool of N pages of S slots with
 block_table (B, max_blocks) int32, or N cache rows of S slots, row cache_batch_idx[b] for batch b, default
-b); cache_seqlens (B,) int; k_new / v_new (B, Hkv, Lnew, D) are first written into the caches in place at
+b); cache_seqlens (B,) int; cache_leftpad (B,) int (flash_attn_with_kvcache's): batch b's cached keys are
+slots cache_leftpad[b] .. cache_seqlens[b] - 1 (default 0 ..); k_new / v_new (B, Hkv, Lnew, D) are first written into the caches in place at
 slots cache_seqlens[b] .. (a torch scatter, not a kernel) and then attended to. causal is "none",
 "top_left" or "bottom_right" (over prefix + new keys), window (left, right) bottom-right aligned, -1
 unbounded; sinks (Hq,) one logit per query head (a score over a zero value). Forward only, no autograd.
@@ -22,7 +23,6 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
-import triton
 
 from . import combine, common, decode
 from .launch import BIG, interpreting, triton_next_pow2
@@ -62,7 +62,7 @@ def append_into_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table
         v_cache.index_put_((page.reshape(-1), off.reshape(-1)), v_new.transpose(1, 2).reshape(b * lnew, *v_new.shape[1::2]).to(v_cache.dtype))
 
 
-def _check(q, k_cache, v_cache, k_new, v_new, causal, validate_lengths, seqlens, table, rows):
+def _check(q, k_cache, v_cache, k_new, v_new, causal, validate_lengths, seqlens, table, rows, pads=None):
     if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
         raise _bad("q", f"q must be (B, Hq, Lq, D) and the caches (N, S, Hkv, D); got {q.dim()}-D, "
                         f"{k_cache.dim()}-D, {v_cache.dim()}-D")
@@ -85,29 +85,44 @@ def _check(q, k_cache, v_cache, k_new, v_new, causal, validate_lengths, seqlens,
         raise _bad("causal", f"{causal!r}: give 'none', 'top_left' or 'bottom_right'")
     if not validate_lengths:
         return
+    if seqlens.numel() == 0:
+        return
     n, s = k_cache.shape[0], k_cache.shape[1]
     need = seqlens.long() + (0 if k_new is None else k_new.shape[2])
-    if bool((seqlens < 0).any()):
-        raise _bad("cache_seqlens", "lengths must be >= 0")
+    zero = need.new_zeros(())
+    bad_pads = zero if pads is None else ((pads < 0) | (pads > seqlens)).any().long()
     if table is not None:
-        if int(need.max()) > table.shape[1] * s:
-            raise _bad("cache_seqlens", f"a batch needs {int(need.max())} slots, its block table row holds "
-                                        f"{table.shape[1]} pages of {s}")
         pages_used = (need + s - 1) // s
-        used = torch.arange(table.shape[1], device=table.device)[None, :] < pages_used[:, None]
-        if bool(((table < 0) | (table >= n))[used].any()):
+        j = torch.arange(table.shape[1], device=table.device)[None, :]
+        used = j < pages_used[:, None]
+        if pads is not None:  # pages wholly inside the left padding are never read
+            used &= j >= (pads.long() // s)[:, None]
+        bad_where = (((table < 0) | (table >= n)) & used).any().long()
+    else:
+        bad_where = zero if rows is None else ((rows < 0) | (rows >= n)).any().long()
+    # one read-back for every check (a device sync on a GPU), not one per check
+    neg, most, pads_out, where_out = torch.stack([(seqlens < 0).any().long(), need.max(), bad_pads, bad_where]).tolist()
+    if neg:
+        raise _bad("cache_seqlens", "lengths must be >= 0")
+    if pads_out:
+        raise _bad("cache_leftpad", "each batch's start slot must lie in [0, cache_seqlens[b]]")
+    if table is not None:
+        if most > table.shape[1] * s:
+            raise _bad("cache_seqlens", f"a batch needs {most} slots, its block table row holds "
+                                        f"{table.shape[1]} pages of {s}")
+        if where_out:
             raise _bad("block_table", f"a page a batch reads is outside the pool's {n} pages")
     else:
-        if int(need.max()) > s:
-            raise _bad("cache_seqlens", f"a batch needs {int(need.max())} slots, a cache row holds {s}")
-        if rows is not None and bool(((rows < 0) | (rows >= n)).any()):
+        if most > s:
+            raise _bad("cache_seqlens", f"a batch needs {most} slots, a cache row holds {s}")
+        if where_out:
             raise _bad("cache_batch_idx", f"a row is outside the cache's {n} rows")
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens,
                  block_table=None, cache_batch_idx=None, k_new=None, v_new=None, num_splits: Optional[int] = None,
                  scale: Optional[float] = None, causal: str = "none", window=None, softcap: Optional[float] = None,
-                 alibi_slopes=None, sinks=None, *, block_n: Optional[int] = None, num_warps: Optional[int] = None,
+                 alibi_slopes=None, sinks=None, cache_leftpad=None, *, block_n: Optional[int] = None, num_warps: Optional[int] = None,
                  num_stages: Optional[int] = None, validate_lengths: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """See the module docstring. `validate_lengths=False` skips the checks that read the lengths back to the
     host (a sync per call); block_n / num_warps / num_stages override the tiles."""
@@ -117,11 +132,12 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     seqlens = _ints(cache_seqlens, "cache_seqlens", q.device, b)
     table = None if block_table is None else _ints(block_table, "block_table", q.device, b, dims=2)
     rows = None if cache_batch_idx is None else _ints(cache_batch_idx, "cache_batch_idx", q.device, b)
+    pads = None if cache_leftpad is None else _ints(cache_leftpad, "cache_leftpad", q.device, b)
     if table is not None and rows is not None:
         raise _bad("cache_batch_idx", "only for a contiguous cache: leave it out with a block_table")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise _bad("num_splits", f"{num_splits!r}: an int >= 1, or None for the kernel's choice")
-    _check(q, k_cache, v_cache, k_new, v_new, causal, validate_lengths, seqlens, table, rows)
+    _check(q, k_cache, v_cache, k_new, v_new, causal, validate_lengths, seqlens, table, rows, pads)
     hkv, dv, page = k_cache.shape[2], v_cache.shape[3], k_cache.shape[1]
     if k_new is not None:
         append_into_cache(k_cache, v_cache, k_new, v_new, seqlens, table, rows)
@@ -152,34 +168,37 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     bn = block_n or 64
     if num_splits is None:
         capacity = table.shape[1] * page
-        max_splits = 1 if interp else max(1, min(MAX_SPLITS, triton.cdiv(capacity, SPLIT_TARGET)))
+        max_splits = 1 if interp else max(1, min(MAX_SPLITS, -(-capacity // SPLIT_TARGET)))
         splits = 0
     else:
         max_splits = splits = int(num_splits)
     direct = max_splits == 1
-    if direct:
-        op, lp = out.new_empty(1, 1, 1, 1, 1, dtype=torch.float32), lse.new_empty(1, 1, 1, 1)
+    if direct:  # the partial buffers are never touched (DIRECT): out and lse stand in, no allocation
+        op, lp = out, lse
+        op_strides, lp_strides = (0, 0, 0, 0, 0), (0, 0, 0, 0)
     else:
         op = torch.empty(b, hq, lq, max_splits, dv, device=q.device, dtype=torch.float32)
         lp = torch.empty(b, hq, lq, max_splits, device=q.device, dtype=torch.float32)
+        op_strides, lp_strides = op.stride(), lp.stride()
     bd, bdv = max(16, triton_next_pow2(d)), max(16, triton_next_pow2(dv))
     flags = dict(IS_CAUSAL=causal != "none", CAUSAL_BR=causal == "bottom_right", HAS_WINDOW=win != (-1, -1),
                  HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None, UPCAST=interp,
                  IEEE=q.dtype == torch.float32)
-    grid = (b * hkv, triton.cdiv(group * lq, bm), max_splits)
+    grid = (b * hkv, -(-(group * lq) // bm), max_splits)  # host integer arithmetic: triton.cdiv is a JIT function
     decode._decode_partial[grid](
-        q, k_cache, v_cache, out, lse, op, lp, seqlens, table, slopes, sink_t,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(), *op.stride(), *lp.stride(),
+        q, k_cache, v_cache, out, lse, op, lp, seqlens, table, slopes, sink_t, seqlens if pads is None else pads,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(), *op_strides, *lp_strides,
         *table.stride(), saz, sah,
         hkv, group, lq, page, new_len, splits, max_splits, SPLIT_TARGET,
         sc, sc * common.LOG2E_F, cap_scale, cap_c2, wl, wr,
         d, dv, BLOCK_D=bd, BLOCK_DV=bdv, EVEN_D=d == bd, EVEN_DV=dv == bdv, BLOCK_M=bm, BLOCK_N=bn,
-        DIRECT=direct, SPLIT_ALIGN=16, ROW_IS_BATCH=row_is_batch, num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else 2), **flags,
+        DIRECT=direct, SPLIT_ALIGN=16, ROW_IS_BATCH=row_is_batch, HAS_LEFTPAD=pads is not None,
+        num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else 2), **flags,
     )
     if not direct:
         rows_n = b * hq * lq
         br = 16
-        combine._combine[(triton.cdiv(rows_n, br),)](
+        combine._combine[(-(-rows_n // br),)](
             op, lp, out, lse, sink_t, *op.stride(), *lp.stride(), *out.stride(), *lse.stride(),
             rows_n, hq, lq, max_splits, dv,
             BLOCK_R=br, BLOCK_S=max(2, triton_next_pow2(max_splits)), BLOCK_DV=bdv, EVEN_DV=dv == bdv,

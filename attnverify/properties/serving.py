@@ -1,4 +1,5 @@
-"""Serving-time properties of KV-cache calls (attnverify/paged.py): paged_equals_contiguous, kv_cache_append.
+"""Serving-time properties of KV-cache calls (attnverify/paged.py): paged_equals_contiguous, kv_cache_append,
+kv_cache_leftpad.
 
 Both draw cache recipes (strategies/_paged.py) and judge them with `judge_pairs`: comparisons whose bound
 comes from the gathered keys (never from the garbage in unused slots) and, where `naive` claims the case,
@@ -121,7 +122,8 @@ class CacheProperty(CaseProperty):
         kw = self.cache_kw(adapter)
         splits = kw.get("num_splits")
         corpus = cache_corpus(adapter, profile=profile, device=device, paged=kw.get("paged"),
-                              append=bool(kw.get("append")), num_splits=splits if isinstance(splits, int) else None)
+                              append=bool(kw.get("append")), num_splits=splits if isinstance(splits, int) else None,
+                              leftpad=kw.get("leftpad") is True)
         return [{"recipe": r.to_dict(), **self.default_params()} for r in corpus if self.keep(r)]
 
 
@@ -181,14 +183,35 @@ class KvCacheAppend(CacheProperty):
         return judge_pairs(self, adapter, case, params, pairs, problems)
 
 
+class KvCacheLeftpad(KvCacheAppend):
+    name = "kv_cache_leftpad"
+    doc = ("With cache_leftpad, batch b attends to slots cache_leftpad[b] .. cache_seqlens[b] - 1 (+ the appended "
+           "keys, written at cache_seqlens[b]) and never to the padding below; the caches change only where appended.")
+    needs = ("cache_leftpad",)
+    cache_kwargs = dict(leftpad=True)
+
+    def cache_kw(self, adapter) -> dict:  # an append where claimed, half the time (kv_cache_append's draw)
+        return dict(self.cache_kwargs, append=None if adapter.claims.append else False)
+
+    def examples(self, adapter, profile, device):  # the corpus with and (where claimed) without an append
+        if self.skip_reason(adapter):
+            return []
+        out = []
+        for app in ((True, False) if adapter.claims.append else (False,)):
+            corpus = cache_corpus(adapter, profile=profile, device=device, append=app, leftpad=True)
+            out += [{"recipe": r.to_dict(), **self.default_params()} for r in corpus if self.keep(r)]
+        return out
+
+
 def cache_problems(case: Case, k_exp: torch.Tensor, v_exp: torch.Tensor) -> List[str]:
-    """What an append did wrong to the caches: new rows missing or misplaced, other slots touched."""
+    """What an append did wrong to the caches: new rows missing or misplaced, other slots touched (without an
+    append: any slot touched)."""
     from ..reference.paged import slots
 
     s = case.spec
     n, size = k_exp.shape[0], k_exp.shape[1]
     target = torch.zeros(n, size, dtype=torch.bool)
-    lnew = int(s.k_new.shape[2])
+    lnew = 0 if s.k_new is None else int(s.k_new.shape[2])
     for b, c in enumerate(torch.as_tensor(s.cache_seqlens).tolist()):
         for page, off in slots(s, b, lnew, n, size, start=int(c)):
             target[page, off] = True
@@ -209,6 +232,6 @@ def cache_problems(case: Case, k_exp: torch.Tensor, v_exp: torch.Tensor) -> List
     return out
 
 
-SERVING_PROPERTIES = [PagedEqualsContiguous(), KvCacheAppend()]
+SERVING_PROPERTIES = [PagedEqualsContiguous(), KvCacheAppend(), KvCacheLeftpad()]
 
 __all__ = ["SERVING_PROPERTIES", "CacheProperty", "judge_pairs", "run", "fresh", "gathered_cases", "CaseRecipe"]

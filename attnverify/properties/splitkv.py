@@ -187,7 +187,8 @@ class BatchInvariance(CacheProperty):
             else s.alibi_slopes
         alone = s.replace(cache_seqlens=s.cache_seqlens[one], alibi_slopes=slopes,
                           block_table=None if s.block_table is None else s.block_table[one],
-                          cache_batch_idx=None if s.cache_batch_idx is None else s.cache_batch_idx[one])
+                          cache_batch_idx=None if s.cache_batch_idx is None else s.cache_batch_idx[one],
+                          cache_leftpad=None if s.cache_leftpad is None else s.cache_leftpad[one])
         if s.block_table is None and s.cache_batch_idx is None:  # batch b's row of a contiguous cache
             alone = alone.replace(cache_batch_idx=torch.tensor([b], dtype=torch.int32, device=case.q.device))
 

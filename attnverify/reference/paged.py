@@ -1,5 +1,5 @@
 """The reference's reading of a KV-cache call (attnverify/paged.py has the rules): gather each batch's keys
-slot by slot from the caches, apply the append to a copy, and attend in float64.
+slot by slot from the caches (from cache_leftpad[b] on), apply the append to a copy, and attend in float64.
 
 Written without anything of the adapters: slot t of batch b is found by plain integer arithmetic.
 """
@@ -36,6 +36,13 @@ def slots(spec, b: int, count: int, n: int, s: int, start: int = 0) -> List[Tupl
     return [(idx, t) for t in range(start, start + count)]
 
 
+def leftpads(spec) -> List[int]:
+    """The slot each batch's cached keys start at (cache_leftpad, else 0)."""
+    if spec.cache_leftpad is None:
+        return [0] * len(_ints(spec.cache_seqlens))
+    return _ints(spec.cache_leftpad)
+
+
 def cache_after(k: torch.Tensor, v: torch.Tensor, spec) -> Tuple[torch.Tensor, torch.Tensor]:
     """The caches as they must be after the call: k_new/v_new at slots cache_seqlens[b].. of each batch,
     every other element as before (copies; the inputs are not touched)."""
@@ -53,11 +60,14 @@ def cache_after(k: torch.Tensor, v: torch.Tensor, spec) -> Tuple[torch.Tensor, t
 
 def cache_keys(k: torch.Tensor, v: torch.Tensor, spec) -> List[Tuple[torch.Tensor, torch.Tensor]]:
     """Per batch, the keys and values it attends to, (1, Hkv, L_b, D) each in the caches' dtype: the cached
-    prefix read from the caches as they are before the call, then k_new/v_new."""
+    prefix (slots cache_leftpad[b] .. cache_seqlens[b] - 1) read from the caches as they are before the call,
+    then k_new/v_new."""
     n, s = k.shape[0], k.shape[1]
     out = []
-    for b, c in enumerate(_ints(spec.cache_seqlens)):
-        where = slots(spec, b, c, n, s)
+    for b, (c, pad) in enumerate(zip(_ints(spec.cache_seqlens), leftpads(spec))):
+        if not 0 <= pad <= c:
+            raise ValueError(f"reference: cache_leftpad[{b}] = {pad} must lie in [0, cache_seqlens[{b}] = {c}]")
+        where = slots(spec, b, c - pad, n, s, start=pad)
         if where:
             pages = torch.tensor([p for p, _ in where], device=k.device)
             offs = torch.tensor([o for _, o in where], device=k.device)
@@ -78,7 +88,7 @@ def plain_spec(spec, b: int):
     if isinstance(slopes, torch.Tensor) and slopes.dim() == 2:
         slopes = slopes[b:b + 1]
     return spec.replace(block_table=None, page_size=None, cache_seqlens=None, cache_batch_idx=None, k_new=None,
-                        v_new=None, num_splits=None, alibi_slopes=slopes)
+                        v_new=None, cache_leftpad=None, num_splits=None, alibi_slopes=slopes)
 
 
 def cache_forward(q, k, v, spec, dense_forward):

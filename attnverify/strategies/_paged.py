@@ -4,7 +4,8 @@ Decode shapes are weighted in: Lq in 1..8 against long caches, GQA ratios up to 
 A paged cache gets a scrambled block table (each sequence's pages drawn from a pool about 3x the pages
 needed), sequences sharing full prefix pages, a partial last page, table entries past the last page
 pointing at unused pages, page sizes 1, odd, 16, 64, 128, 256 (those claimed), and garbage (NaN, huge
-values) in every slot no sequence uses, past cache_seqlens included.
+values) in every slot no sequence uses, past cache_seqlens included. With left padding (claim cache_leftpad)
+batches start at slots 0, 1, a few or many (the padding below them is garbage too).
 """
 from __future__ import annotations
 
@@ -38,12 +39,13 @@ def page_size_choices(claims) -> List[int]:
 def cache_cases(*, adapter, profile: str = "dev", device: str = "auto", paged: Optional[bool] = None,
                 append: Optional[bool] = None, num_splits=None, min_batch: int = 1, distinct_lengths: bool = False,
                 window: Optional[bool] = None, softcap: Optional[bool] = None, alibi: Optional[bool] = None,
-                return_lse: Optional[bool] = None):
+                return_lse: Optional[bool] = None, leftpad: Optional[bool] = None):
     """A strategy of cache `CaseRecipe`s for `adapter`.
 
     `paged`: True a paged cache (claim paged), False a contiguous one (claim kv_cache), None either, as
     claimed. `append`: k_new/v_new (claim append), tri-state like the feature switches of attention_cases.
     `num_splits`: None leaves it to the adapter, "draw" draws one of the claimed values, or an int.
+    `leftpad`: spec.cache_leftpad (claim cache_leftpad), tri-state; True makes at least one batch start past slot 0.
     """
     from ..adapters.base import Adapter
 
@@ -56,6 +58,8 @@ def cache_cases(*, adapter, profile: str = "dev", device: str = "auto", paged: O
             "neither paged nor kv_cache" if paged is None else ("no paged cache" if paged else "no kv_cache")))
     if check_tristate("append", append) is True and not c.append:
         raise InvalidArgument(f"append=True but {adapter.name} does not claim append")
+    if check_tristate("leftpad", leftpad) is True and not c.cache_leftpad:
+        raise InvalidArgument(f"leftpad=True but {adapter.name} does not claim cache_leftpad")
     if True in kinds and not page_size_choices(c):
         if len(kinds) == 1:
             raise InvalidArgument(f"{adapter.name} claims none of the page sizes {PAGE_SIZES}")
@@ -67,7 +71,8 @@ def cache_cases(*, adapter, profile: str = "dev", device: str = "auto", paged: O
     if not dtypes or not hd:
         raise InvalidArgument(f"{adapter.name} claims no dtype or head dim a cache case can use")
     return _cache_case(adapter, limits, dev, tuple(kinds), tuple(dtypes), hd, append, num_splits, min_batch,
-                       distinct_lengths, dict(window=window, softcap=softcap, alibi=alibi, return_lse=return_lse))
+                       distinct_lengths, dict(window=window, softcap=softcap, alibi=alibi, return_lse=return_lse,
+                                          leftpad=leftpad))
 
 
 def _flag(draw, arg, claimed: bool, den: int) -> bool:
@@ -123,18 +128,24 @@ def _cache_case(draw, a, lim, dev, kinds, dtypes, hd, append, num_splits, min_ba
     elif isinstance(num_splits, int):
         splits = num_splits
     rng = random.Random(draw(st.integers(0, 2**31 - 1)))
+    pads = None
+    if _flag(draw, feats["leftpad"], c.cache_leftpad, 4):  # lens stay the key counts; the slots move right
+        pads = [draw(st.sampled_from((0, 1, 3, 16, 37))) for _ in range(b)]
+        if feats["leftpad"] is True and not any(pads):
+            pads[draw(st.integers(0, b - 1))] = draw(st.sampled_from((1, 5, 16)))
+    slots = [x + (pads[i] if pads else 0) for i, x in enumerate(lens)]  # cache_seqlens
     if paged:
         size = draw(st.sampled_from(page_size_choices(c)))
-        table, n = _block_table(draw, rng, lens, new, size)
+        table, n = _block_table(draw, rng, slots, new, size)
         cache = dict(paged=True, page_size=size, num_pages=n, block_table=table)
     else:
-        size = lk + draw(st.sampled_from((0, 1, 7)))
+        size = max(x + new for x in slots) + draw(st.sampled_from((0, 1, 7)))
         rows = b + draw(st.integers(0, 2))
         idx = rng.sample(range(rows), b) if draw(st.booleans()) else None
         cache = dict(page_size=size, num_pages=rows, cache_batch_idx=idx)
     r = CaseRecipe(batch=b, heads_q=hkv * group, heads_kv=hkv, len_q=lq, len_k=lk, head_dim=d, head_dim_v=dv,
                    dtype=dtype, device=dev, seed=draw(st.integers(0, 2**31 - 1)), causal=causal, window=win,
-                   softcap=cap, alibi=alibi, scale=scale, return_lse=lse, cache_lens=lens, new_len=new,
+                   softcap=cap, alibi=alibi, scale=scale, return_lse=lse, cache_lens=slots, cache_leftpad=pads, new_len=new,
                    garbage=garbage, num_splits=splits, v_mean=draw(st.sampled_from((0.0, 0.0, 0.0, 10.0))), **cache)
     from ..check import unclaimed
 
@@ -169,9 +180,10 @@ def _block_table(draw, rng: random.Random, lens, new: int, size: int):
 
 
 def cache_corpus(adapter, *, profile: str = "dev", device: str = "auto", paged: Optional[bool] = None,
-                 append: bool = False, num_splits: Optional[int] = None) -> List[CaseRecipe]:
+                 append: bool = False, num_splits: Optional[int] = None, leftpad: bool = False) -> List[CaseRecipe]:
     """Nasty cache cases, run first: page size 1 scrambled, an odd page size with a partial last page and
-    NaN past the lengths, shared prefix pages, decode with GQA 16, many short sequences, append with Lq > 1."""
+    NaN past the lengths, shared prefix pages, decode with GQA 16, many short sequences, append with Lq > 1;
+    with `leftpad`, every case's batches start at slots 0, 3, 17, ... (the padding below them garbage)."""
     from ..check import unclaimed
 
     c = adapter.claims
@@ -193,6 +205,8 @@ def cache_corpus(adapter, *, profile: str = "dev", device: str = "auto", paged: 
     for i, (b, hkv, g, lq, lens, size) in enumerate(specs):
         lens = [max(x, lq - new) for x in lens]
         lk = max(x + new for x in lens)
+        pads = [(3, 17, 0, 1)[j % 4] for j in range(b)] if leftpad else None
+        lens = [x + (pads[j] if pads else 0) for j, x in enumerate(lens)]  # cache_seqlens: padding + keys
         if lk > min(lim.max_len, c.max_seqlen) or (g > 1 and not c.gqa):
             continue
         kind = paged if paged is not None else c.paged
@@ -216,9 +230,9 @@ def cache_corpus(adapter, *, profile: str = "dev", device: str = "auto", paged: 
             table = [row + [pages[-1]] * (width - len(row)) for row in table]
             cache = dict(paged=True, page_size=size, num_pages=pool, block_table=table)
         else:
-            cache = dict(page_size=lk + 3, num_pages=b + 1, cache_batch_idx=rng.sample(range(b + 1), b))
+            cache = dict(page_size=max(lens) + new + 3, num_pages=b + 1, cache_batch_idx=rng.sample(range(b + 1), b))
         r = CaseRecipe(batch=b, heads_q=hkv * g, heads_kv=hkv, len_q=lq, len_k=lk, head_dim=d, dtype=dt, device=dev,
-                       seed=100 + i, causal=causal, return_lse=c.lse, cache_lens=lens, new_len=new,
+                       seed=100 + i, causal=causal, return_lse=c.lse, cache_lens=lens, cache_leftpad=pads, new_len=new,
                        garbage=GARBAGE[i % 3], num_splits=num_splits, **cache)
         try:
             if unclaimed(adapter, build_probe(r)) is None:

@@ -15,7 +15,8 @@ from ..spec import Output, Spec
 
 SERVING_BUGS = (
     "page_off_by_one", "partial_page_full", "unused_page_read", "seqlens_minus_one", "append_wrong_slot",
-    "append_not_written", "split_partials_bf16", "merge_base2", "split_combine_stride",
+    "append_not_written", "split_partials_bf16", "merge_base2", "split_combine_stride", "leftpad_ignored",
+    "leftpad_append_offset",
 )
 SPLIT_KEYS = 48  # keys per split when the call leaves num_splits to the kernel
 
@@ -31,12 +32,17 @@ def _where(spec: Spec, b: int, t: torch.Tensor, size: int, n: int, bug: Optional
     return page, t % size
 
 
+def _pads(spec: Spec):
+    lens = torch.as_tensor(spec.cache_seqlens).tolist()
+    return [0] * len(lens) if spec.cache_leftpad is None else [int(p) for p in torch.as_tensor(spec.cache_leftpad).tolist()]
+
+
 def _write(k, v, spec: Spec, bug: Optional[str]) -> None:
     if spec.k_new is None or bug == "append_not_written":
         return
     lnew = spec.k_new.shape[2]
-    for b, c in enumerate(torch.as_tensor(spec.cache_seqlens).tolist()):
-        start = int(c) + (1 if bug == "append_wrong_slot" else 0)
+    for b, (c, pad) in enumerate(zip(torch.as_tensor(spec.cache_seqlens).tolist(), _pads(spec))):
+        start = int(c) + (1 if bug == "append_wrong_slot" else 0) + (pad if bug == "leftpad_append_offset" else 0)
         t = torch.arange(start, start + lnew, device=k.device)
         limit = k.shape[1] * (spec.block_table.shape[1] if spec.block_table is not None else 1)
         t = t.clamp(max=limit - 1)
@@ -46,7 +52,7 @@ def _write(k, v, spec: Spec, bug: Optional[str]) -> None:
             v[page, off] = spec.v_new[b].transpose(0, 1).to(v.dtype)
 
 
-def _read(k, v, spec: Spec, b: int, length: int, bug: Optional[str]):
+def _read(k, v, spec: Spec, b: int, length: int, bug: Optional[str], start: int = 0):
     size = k.shape[1]
     if spec.block_table is not None:
         width = spec.block_table.shape[1]
@@ -56,8 +62,12 @@ def _read(k, v, spec: Spec, b: int, length: int, bug: Optional[str]):
             length = min((-(-length // size) + 1) * size, width * size)
     if bug == "seqlens_minus_one":
         length = max(0, length - 1)
-    t = torch.arange(length, device=k.device)
-    page, off = _where(spec, b, t, size, k.shape[0], bug)
+    t = torch.arange(start, start + length, device=k.device)
+    if bug == "leftpad_append_offset" and spec.k_new is not None and start:  # cached keys, then the misplaced new ones
+        lnew = spec.k_new.shape[2]
+        t = torch.cat([t[:length - lnew], t[length - lnew:] + start])
+    limit = size * (spec.block_table.shape[1] if spec.block_table is not None else 1)
+    page, off = _where(spec, b, t.clamp(max=limit - 1), size, k.shape[0], bug)
     return k[page, off].transpose(0, 1).unsqueeze(0), v[page, off].transpose(0, 1).unsqueeze(0)
 
 
@@ -106,18 +116,19 @@ def serving_attend(q, k, v, spec: Spec, bug: Optional[str] = None) -> Output:
     if bug is not None and bug not in SERVING_BUGS:
         raise ValueError(f"bug={bug!r}: one of {SERVING_BUGS}")
     plain = spec.replace(block_table=None, page_size=None, cache_seqlens=None, cache_batch_idx=None, k_new=None,
-                         v_new=None, num_splits=None)
+                         v_new=None, num_splits=None, cache_leftpad=None)
     if spec.cache_seqlens is None:
         calls = [(q, k, v, plain)]
     else:
         _write(k, v, spec, bug)
         new = 0 if spec.k_new is None else spec.k_new.shape[2]
         calls = []
-        for b, c in enumerate(torch.as_tensor(spec.cache_seqlens).tolist()):
-            kb, vb = _read(k, v, spec, b, int(c) + new, bug)
+        for b, (c, pad) in enumerate(zip(torch.as_tensor(spec.cache_seqlens).tolist(), _pads(spec))):
+            first = 0 if bug == "leftpad_ignored" else pad  # leftpad_ignored: the keys read from slot 0
+            kb, vb = _read(k, v, spec, b, int(c) - pad + new, bug, start=first)
             if bug == "append_not_written" and new:  # attends to the new keys, never stores them
-                kb = torch.cat([_read(k, v, spec, b, int(c), None)[0], spec.k_new[b:b + 1].to(k.dtype)], 2)
-                vb = torch.cat([_read(k, v, spec, b, int(c), None)[1], spec.v_new[b:b + 1].to(v.dtype)], 2)
+                kb = torch.cat([_read(k, v, spec, b, int(c) - pad, None, pad)[0], spec.k_new[b:b + 1].to(k.dtype)], 2)
+                vb = torch.cat([_read(k, v, spec, b, int(c) - pad, None, pad)[1], spec.v_new[b:b + 1].to(v.dtype)], 2)
             slopes = spec.alibi_slopes
             if isinstance(slopes, torch.Tensor) and slopes.dim() == 2:
                 slopes = slopes[b:b + 1]

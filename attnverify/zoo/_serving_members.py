@@ -11,9 +11,9 @@ from ._serving import SPLIT_KEYS, serving_attend
 SERVING = dict(
     dtypes=("float16", "bfloat16"), devices=("cpu",), head_dims=lambda d: 8 <= d <= 256 and d % 8 == 0,
     max_seqlen=4096, causal=("none", "bottom_right"), gqa=True, lse=True, fully_masked="zeros",
-    kv_cache=True, paged=True, append=True, num_splits=(1, 2, 3, 4, 8), memory="linear",
+    kv_cache=True, paged=True, append=True, cache_leftpad=True, num_splits=(1, 2, 3, 4, 8), memory="linear",
 )
-PAGED, APPEND, SPLIT = "paged_equals_contiguous", "kv_cache_append", "split_invariance"
+PAGED, APPEND, SPLIT, LEFTPAD = "paged_equals_contiguous", "kv_cache_append", "split_invariance", "kv_cache_leftpad"
 
 
 def _member(name, bug):
@@ -55,6 +55,13 @@ def serving_members():
         Z("split-combine-stride", "split-KV combine reads the partials with the split index as the innermost stride",
           "a split-KV combine kernel with the wrong partial-output stride",
           _member("split-combine-stride", "split_combine_stride"), (SPLIT, "forward_matches_reference"), "eager"),
+        Z("leftpad-ignored", "cache_leftpad taken for the key count only: cache_seqlens - cache_leftpad keys read "
+          "from slot 0, the padding included, the newest keys lost",
+          "a left-padded KV cache read from its first slot (the start offset leftpad_k not applied to the key pointer)",
+          _member("leftpad-ignored", "leftpad_ignored"), (LEFTPAD,), "eager"),
+        Z("leftpad-append-offset", "k_new/v_new written (and read) at cache_seqlens[b] + cache_leftpad[b]",
+          "a KV-cache append into a left-padded cache placed after leftpad + cache_seqlens (the padding counted twice)",
+          _member("leftpad-append-offset", "leftpad_append_offset"), (LEFTPAD,), "eager"),
     ]
 
 

@@ -105,6 +105,9 @@ def claim_sets(draw, *, wide: bool = False):
     # attn_mask, refuses with lse_merge) whose serving-property failures are not fp8's (reported to the lead);
     # the fp8 properties have their own tests (tests/test_fp8.py)
     desc["descales"] = False
+    # cache_leftpad (issue 22) is not drawn yet either, for the same reason (one more draw moves the wide slice);
+    # tests/test_leftpad.py runs a user's claim set with it through the plugin
+    desc["cache_leftpad"] = False
     if draw(st.booleans()):
         prop = draw(st.sampled_from(KNOWN_PROPS))
         desc["known"] = {"property": prop, "match": draw(st.sampled_from(MATCHES))}

@@ -123,23 +123,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """flash-attn's decode call. q (B, Lq, Hq, D); k_cache/v_cache (B_cache, S, Hkv, D), or with block_table
     (B, max_blocks) int32 a paged pool (num_blocks, page_block_size, Hkv, D); k/v (B, Lnew, Hkv, D) are written
     in place at cache_seqlens[b] and attended to; causal and window bottom-right over all cache_seqlens[b] + Lnew
-    keys. num_splits is a performance knob (the stand-in never splits)."""
-    if rotary_cos is not None or cache_leftpad is not None:
-        raise NotImplementedError("the stand-in has no rotary embedding and no left padding")
+    keys; cache_leftpad (B,) int32 (contiguous caches only): batch b's cached keys start at slot cache_leftpad[b].
+    num_splits is a performance knob (the stand-in never splits)."""
+    if rotary_cos is not None:
+        raise NotImplementedError("the stand-in has no rotary embedding")
+    if cache_leftpad is not None and block_table is not None:
+        raise RuntimeError("We don't support Paged KV and leftpad_k running at the same time yet")
     b, lq, hq, d = q.shape
     lens = [int(x) for x in torch.as_tensor(cache_seqlens).reshape(-1).expand(b).tolist()]
+    pads = [0] * b if cache_leftpad is None else [int(x) for x in cache_leftpad.tolist()]
     new = 0 if k is None else k.shape[1]
     outs, lses = [], []
     for i in range(b):
-        t = torch.arange(lens[i] + new, device=q.device)
+        t = torch.arange(pads[i], lens[i] + new, device=q.device)
         if block_table is not None:
             pages, offs = block_table[i].long()[t // k_cache.shape[1]], t % k_cache.shape[1]
         else:
             row = i if cache_batch_idx is None else int(cache_batch_idx[i])
             pages, offs = torch.full_like(t, row), t
         if new:  # the in-place append
-            k_cache[pages[lens[i]:], offs[lens[i]:]] = k[i]
-            v_cache[pages[lens[i]:], offs[lens[i]:]] = v[i]
+            k_cache[pages[lens[i] - pads[i]:], offs[lens[i] - pads[i]:]] = k[i]
+            v_cache[pages[lens[i] - pads[i]:], offs[lens[i] - pads[i]:]] = v[i]
         kb, vb = k_cache[pages, offs].transpose(0, 1)[None], v_cache[pages, offs].transpose(0, 1)[None]
         slopes = alibi_slopes[i] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
         o, lse = _core(q[i:i + 1].transpose(1, 2), kb, vb, scale=softmax_scale or 1.0 / math.sqrt(d), causal=causal,
