@@ -446,9 +446,11 @@ def build_case(r: CaseRecipe, *, label: str = "", values: bool = True) -> Case:
     # laid out on the target device: moving a strided view copies it into contiguous memory
     q, k, v = (_layout(t.to(dt).to(dev), r.layout, i) for i, t in enumerate((q, k, v)))
     if mask is not None:
-        # a float mask in the input dtype (fp8: float32, the dtype its scores are formed in)
-        mdt = torch.float32 if dt == torch.float64 or r.dtype.startswith("float8") else dt
-        mask = mask.to(dev) if mask.dtype == torch.bool else mask.to(dev, mdt).to(torch.float32 if mdt != dt else dt)
+        # a float mask in the input dtype (fp8: float32, the dtype its scores are formed in); float64 inputs get
+        # a float64 mask holding float32 values (SDPA documents "a float mask of the same type as query")
+        fp8 = r.dtype.startswith("float8")
+        mdt = torch.float32 if dt == torch.float64 or fp8 else dt
+        mask = mask.to(dev) if mask.dtype == torch.bool else mask.to(dev, mdt).to(torch.float32 if fp8 else dt)
     spec = Spec(
         scale=r.scale, causal=r.causal, window=r.window, softcap=r.softcap,
         alibi_slopes=None if slopes is None else slopes.to(dev), attn_mask=mask,

@@ -141,3 +141,31 @@ def test_the_correct_implementation_serves_the_cache_claims(tmp_path):
             "known": None, "kv_cache": True, "append": True}
     rows = run_claim_set(desc, [get_property("kv_cache_append")], max_examples=2, report_dir=str(tmp_path))
     assert [r["outcome"] for r in rows] == ["passed"], rows
+
+
+def test_a_linear_memory_claim_set_serves_causal_cache_calls(tmp_path):
+    """The claim set the wide slice drew (with an fp8 dtype beside bfloat16) before the strict wrapper's row
+    chunking (memory="linear") was kept to plain calls: kv_cache_append and batch_invariance raised
+    'Spec(cache_seqlens=...): a KV-cache call does not combine with cu_seqlens, attn_mask or dropout' inside
+    Spec.replace, where the chunking turned a bottom-right causal cache call into a bool attn_mask. No property
+    built that call: the fuzz's own adapter did. Here the adapter is called directly too, against naive's cache
+    path (the call a user's kernel with these claims receives)."""
+    import torch
+
+    from attnverify.adapters.naive import naive_serving
+
+    desc = {"dtypes": ["bfloat16"], "devices": ["cpu"], "head_dims": [64, 8], "max_seqlen": 27,
+            "causal": ["bottom_right"], "window": True, "softcap": True, "alibi": False, "attn_mask": True,
+            "gqa": True, "varlen": True, "dropout": False, "backward": True, "lse": True, "dv_ne_d": True,
+            "deterministic": True, "fully_masked": "nan", "tiles": [128, 32], "memory": "linear", "refuses": None,
+            "known": None, "kv_cache": True, "append": True}
+    a = strict_adapter(desc)
+    r = CaseRecipe(batch=2, heads_q=2, heads_kv=2, len_q=3, len_k=7, head_dim=8, dtype="bfloat16",
+                   causal="bottom_right", return_lse=True, cache_lens=[4, 2], new_len=3, page_size=9, num_pages=3)
+    c = build_case(r)
+    got = a(c.q, c.k.clone(), c.v.clone(), c.spec)
+    exp = naive_serving(c.q, c.k.clone(), c.v.clone(), c.spec)
+    assert torch.equal(got.out, exp.out) and torch.equal(got.lse, exp.lse)
+    rows = run_claim_set(desc, [get_property("kv_cache_append"), get_property("batch_invariance")], max_examples=3,
+                         report_dir=str(tmp_path))
+    assert [r["outcome"] for r in rows] == ["passed", "passed"], rows

@@ -192,3 +192,26 @@ def test_last_refusal_says_why_the_adapters_refuses_turned_a_draw_down():
         find(attention_cases(adapter=refuses_all, profile="ci"), lambda r: True,
              settings=settings(max_examples=20, database=None, suppress_health_check=list(HealthCheck)))
     assert last_refusal("refuses-all-test") == "this kernel takes no case at all (test)"
+
+
+def test_a_float_mask_comes_in_the_input_dtype_and_a_users_sdpa_adapter_holds():
+    """SDPA documents "a float mask of the same type as query, key, value"; given float64 inputs and a float32
+    mask, its CPU flash kernel returns wrong numbers without a word (max error ~2 for Lq 1..16, torch 2.13).
+    The case builder handed float64 cases a float32 mask (since 6a3dd86, meant for fp8 only), and sdpa-flash
+    failed causal_alignment in the slow ci profile. A user's adapter that passes spec.attn_mask on, as SDPA's
+    documentation allows, must hold; an fp8 case keeps its float32 mask (fp8 has no float mask)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    @av.adapter("users-sdpa-flash", register=False, dtypes=("float32", "float64"), head_dims=(16,), attn_mask=True)
+    def mine(q, k, v, spec):
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=spec.attn_mask, scale=spec.scale)
+
+    for dt in ("float64", "float32"):
+        for lq in (1, 5, 16):
+            c = av.build_case(av.CaseRecipe(dtype=dt, mask="float_random", len_q=lq, len_k=16, head_dim=16, seed=3))
+            res = av.check(mine, c)
+            assert res.passed, res.message()
+            assert c.spec.attn_mask.dtype == c.q.dtype, (dt, c.spec.attn_mask.dtype)
+    fp8 = av.build_case(av.CaseRecipe(dtype="float8_e4m3fn", mask="float_random", len_q=4, len_k=16, head_dim=16))
+    assert fp8.spec.attn_mask.dtype == torch.float32
