@@ -441,13 +441,17 @@ def test_poisoner_hands_back_nan():
 
     code = ("import torch\n"
             "from attnverify.properties._contract import Poisoner\n"
-            "for n in (4096,):\n"
+            "n, best = 4096, 0.0\n"
+            "for _ in range(10):\n"
             "    Poisoner('cpu', [n * 4])()\n"
             "    t = torch.empty(n, dtype=torch.float32)\n"
-            "    print(float(torch.isnan(t).float().mean()))\n")
+            "    best = max(best, float(torch.isnan(t).float().mean()))\n"
+            "    del t\n"
+            "print(best)\n")
     # whether glibc hands the freed block back to the next allocation depends on the heap the imports left
-    # (a fresh clone's venv gave 0.0 in 4 of 6 processes): up to 5 fresh processes, one must get it back
-    # poisoned; uninitialised memory that is >90% NaN without the Poisoner does not happen
+    # (a fresh clone's venv gave 0.0 in 4 of 6 processes, and once in 5 of 5): up to 5 fresh processes of 10
+    # poison-then-allocate rounds each, one round must get it back poisoned; uninitialised memory that is >90%
+    # NaN without the Poisoner does not happen
     outs = []
     for _ in range(5):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
