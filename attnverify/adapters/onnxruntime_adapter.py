@@ -128,9 +128,13 @@ _F25 = ("ONNX convention, not a bug: the zero-row guard is defined for masks ('e
         "is -inf'); a row whose scores are all -inf because q holds an Inf is NaN, where the reference calls it "
         "fully masked (0) (docs/compatibility.md F25)")
 _FP16_ONLY_OUT = r"^(?![\s\S]*non-finite)[\s\S]*shrunk case: [^\n]*\bfloat16\b[\s\S]*\bout: MISMATCH"
+# F24 shows on nearly every float16 case of forward_matches_reference (strict there); the other properties draw
+# fewer float16 cases of their own and a seed may give none that shows it: a ci run of 2026-12-04 (seed
+# 1485498219) passed four of them, XPASS(strict) -> not strict there (a pass is a pass, a matching failure known)
 _ATTN_FINDINGS = {
-    **{p: {"why": _F24, "match": _FP16_ONLY_OUT} for p in (
-        "forward_matches_reference", "causal_alignment", "row_shift_invariance", "outputs_fully_written",
+    "forward_matches_reference": {"why": _F24, "match": _FP16_ONLY_OUT},
+    **{p: {"why": _F24, "match": _FP16_ONLY_OUT, "strict": False} for p in (
+        "causal_alignment", "row_shift_invariance", "outputs_fully_written",
         "no_out_of_bounds", "kv_permutation_invariance", "batch_head_independence", "value_scaling",
         "gqa_equals_repeated_kv")},
     "fully_masked_rows": {"why": _F24, "match": _FP16_ONLY_OUT},
