@@ -32,14 +32,17 @@ HEAD = [16, 32, 40, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256]
 
 
 def random_recipe(rng: random.Random, adapter, dtype: str, device: str, big: bool,
-                  max_len: int = 0, max_head_dim: int = 0) -> av.CaseRecipe:
+                  max_len: int = 0, max_head_dim: int = 0, head_dims=None) -> av.CaseRecipe:
     c = adapter.claims
     seq = SEQ + ([384, 511, 512, 1023, 1024, 2048] if big else [])
     seq = [s for s in seq if not max_len or s <= max_len]
     for _ in range(200):
         hkv = rng.choice([1, 2])
         g = rng.choice([1, 1, 2, 4]) if c.gqa else 1
-        dims = [d for d in HEAD if c.head_dim_ok(d) and (not max_head_dim or d <= max_head_dim)]
+        dims = [d for d in (head_dims or HEAD) if c.head_dim_ok(d) and (not max_head_dim or d <= max_head_dim)]
+        if not dims:
+            raise SystemExit(f"--head-dims/--max-head-dim leave no head dim that {adapter.name} claims: "
+                             f"give some of {[d for d in range(8, 257, 8) if c.head_dim_ok(d)][:12]}...")
         d = rng.choice(dims)
         dv = rng.choice([d, d, rng.choice(dims)]) if c.dv_ne_d else d
         r = av.CaseRecipe(
@@ -160,7 +163,8 @@ def _dump(args, stats, fails, t0, worst=None):
            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
            "n_per_combo": args.n, "forward_only": bool(getattr(args, "forward_only", False)), "summary": summary,
            "seed": args.seed, "family": getattr(args, "family", "plain"), "shape_pool": args.shape_pool,
-           "max_len": args.max_len, "max_head_dim": args.max_head_dim, "worst": worst,
+           "max_len": args.max_len, "max_head_dim": args.max_head_dim,
+           "head_dims": getattr(args, "head_dims", ""), "worst": worst,
            "failures": fails, "seconds": time.time() - t0, "values": values}
     if args.json:
         with open(args.json, "w") as f:
@@ -185,11 +189,18 @@ def main(argv=None):
                          "case one of them with fresh data: compiled kernels (Triton, flex, jax on a GPU) are reused")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (several runs sharing a machine: 1)")
     ap.add_argument("--max-head-dim", type=int, default=0, help="draw only head dims up to this")
+    ap.add_argument("--head-dims", default="",
+                    help="comma list of head dims to draw instead of the default set, e.g. to leave out the head dims of "
+                         "a declared finding (flash-attn4's F18 backward: 8,16,40,48,72,80,104,112) -- recorded in --json")
     ap.add_argument("--family", choices=("plain", "dominant-key"), default="plain",
                     help="dominant-key: every case gets the backward precision corpus entries' values (dominant_key_family)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop drawing after this many seconds and record the cases done (a killed run records none)")
     args = ap.parse_args(argv)
+    try:
+        head_dims = [int(x) for x in args.head_dims.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--head-dims: give a comma list of ints, e.g. 32,64,128; got {args.head_dims!r}")
     torch.set_num_threads(args.threads)  # several calibrations share a machine; oversubscription costs 10x
     stats = defaultdict(lambda: defaultdict(list))
     fails = []
@@ -208,14 +219,14 @@ def main(argv=None):
                 continue
             rng = random.Random(f"{args.seed}-{name}-{dt}")
             u = {o: unit_roundoff(dt, o) for o in ("out", "lse", "dq", "dk", "dv")}
-            pool = [random_recipe(rng, a, dt, dev, args.big, args.max_len, args.max_head_dim)
+            pool = [random_recipe(rng, a, dt, dev, args.big, args.max_len, args.max_head_dim, head_dims)
                     for _ in range(args.shape_pool)]
             for i in range(args.n):
                 if args.budget_s and time.time() - t0 > args.budget_s:
                     print(f"{name}/{dt}: budget spent after {i} cases", file=sys.stderr)
                     break
                 rec = (pooled_recipe(rng, a, pool) if pool else
-                       random_recipe(rng, a, dt, dev, args.big, args.max_len, args.max_head_dim))
+                       random_recipe(rng, a, dt, dev, args.big, args.max_len, args.max_head_dim, head_dims))
                 if args.family == "dominant-key":
                     rec = dominant_key_family(rng, rec)
                 res = av.check(a, av.build_case(rec), keep_tensors=False, backward=False if args.forward_only else None)

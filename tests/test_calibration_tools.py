@@ -62,3 +62,20 @@ def test_merged_shards_count_every_case_and_keep_the_worst(tmp_path, capsys):
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[3] == "5" and cells[7] == "1" and cells[8] == "1.20"  # cases, false positives, worst
     assert len(tab.rows(paths, merge=False)) == 2  # without --merge: a row per file
+
+
+def test_head_dims_option_draws_only_the_listed_dims_and_refuses_an_empty_set():
+    """--head-dims keeps a declared finding's head dims out of a row (flash-attn4's F18): only the listed dims that
+    the adapter claims are drawn, and a list the adapter claims none of is an error naming the option."""
+    import pytest
+
+    cal = _load("calibrate_tolerances")
+    a = registry.get("naive")
+    rng = random.Random(1)
+    drawn = {cal.random_recipe(rng, a, "float16", "cpu", False, 64, 0, [24, 96]).head_dim for _ in range(60)}
+    assert drawn == {24, 96}
+    fussy = dataclasses.replace(a, claims=dataclasses.replace(a.claims, head_dims=lambda d: d % 8 == 0))
+    with pytest.raises(SystemExit, match="--head-dims"):
+        cal.random_recipe(rng, fussy, "float16", "cpu", False, 64, 0, [59, 111])
+    with pytest.raises(SystemExit):
+        cal.main(["--head-dims", "x,64", "--n", "1"])
