@@ -13,6 +13,7 @@
 #   T=200 N=1200 POOL=8 ADAPTERS="triton flex jax" bash benchmarks/gpu_calibration.sh /tmp/gpucal
 # FAMILY=dominant-key draws every case with the backward precision corpus entries' values (a dominant first key,
 # a key offset; calibrate_tolerances.py --family), for false positives of correct kernels on them.
+# HEAD_DIMS=24,32,56,64,96,128,160,192,256 draws only those head dims (--head-dims): flash-attn4's F18-free row.
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 R=${1:-/tmp/gpucal}; N=${N:-1000}; T=${T:-300}; mkdir -p "$R"
 ADAPTERS=${ADAPTERS:-naive sdpa-math sdpa-flash sdpa-efficient sdpa-cudnn sdpa triton flex jax flash-attn4}
@@ -20,7 +21,7 @@ for a in $ADAPTERS; do
   pool=0; case " ${POOL_ADAPTERS:-triton flex jax flash-attn4} " in *" $a "*) pool=${POOL:-0};; esac
   for dt in ${DTYPES:-float16 bfloat16 float32}; do
     timeout $(( T + 60 )) python3 benchmarks/calibrate_tolerances.py --adapters "$a" --dtypes "$dt" --n "$N" --seed "${SEED:-0}" \
-      --shape-pool "$pool" --budget-s "$T" --family "${FAMILY:-plain}" --json "$R/cal_${a}_$dt.json" > "$R/cal_${a}_$dt.log" 2>&1 &
+      --shape-pool "$pool" --budget-s "$T" --family "${FAMILY:-plain}" --head-dims "${HEAD_DIMS:-}" --json "$R/cal_${a}_$dt.json" > "$R/cal_${a}_$dt.log" 2>&1 &
   done
 done
 (python3 -m pytest --version >/dev/null 2>&1 && timeout $(( T + 60 )) python3 -m pytest -q -p no:cacheprovider \
