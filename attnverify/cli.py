@@ -296,6 +296,9 @@ def cmd_repro(ns) -> int:
             ok = "ok" if c.get("passed") else "MISMATCH"
             print(f"  {c.get('name', '?'):6s} {ok:8s} rel L2 {_f(c.get('rel_l2'))} (tol {_f(c.get('tol_norm'))})  "
                   f"max abs {_f(c.get('max_abs'))}  mismatched {c.get('mismatched')}/{c.get('numel')}")
+    if res.status == "skipped":  # nothing was judged: not a pass (the message above says why)
+        print(f"NOT RUN: {getattr(prop, 'name', prop)} was skipped for {adapter.name} on this case")
+        return EXIT_FAILED
     if res.passed:
         print(f"HELD: {getattr(prop, 'name', prop)} holds for {adapter.name} on this case now")
         return EXIT_OK

@@ -112,3 +112,32 @@ def test_run_names_the_fix_for_an_option_it_spells_differently(capsys, monkeypat
     monkeypatch.setattr(cli, "cmd_run", lambda ns, extra: calls.append(extra) or 0)
     assert cli.main(["run", "--adapter", "naive", "-x", "--", "--out", "r"]) == 0
     assert calls == [["-x", "--out", "r"]]
+
+
+def test_repro_that_judged_nothing_is_not_run_not_held(tmp_path, capsys, monkeypatch):
+    """A replay whose property skipped (nothing judged: the adapter refuses the drawn case, a claim is gone) must
+    not print HELD or exit 0: it prints NOT RUN and exits 1."""
+    import types
+
+    import attnverify.isolation as isolation
+    from attnverify.case import CaseRecipe, build_case
+
+    case = build_case(CaseRecipe(len_q=5, len_k=6, head_dim=16, seed=2))
+    path = str(tmp_path / "c.json")
+    case.save(path)
+    d = json.load(open(path))
+    d["adapter"] = "naive"
+    json.dump(d, open(path, "w"))
+    skipped = types.SimpleNamespace(status="skipped", passed=True, records=[], message="skipped: refused by the adapter")
+
+    class Runner:  # what make_runner hands back: called once per replay, then closed
+        def __call__(self, prop, adapter, drawn):
+            return skipped
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(isolation, "make_runner", lambda *a: Runner())
+    assert cli.main(["repro", path]) == cli.EXIT_FAILED
+    out = capsys.readouterr().out
+    assert "NOT RUN" in out and "HELD" not in out and "refused by the adapter" in out
