@@ -259,6 +259,9 @@ _H200_FINDINGS = {
 # Not strict: only drawn pages of 64 or 128 slots at a head dim whose tile they equal, with NaN garbage, show it.
 _PAGE_TMA_NAN = (r"page_size=(?:64|128)\b[\s\S]*garbage reached the output: [^\n]* hold (?:nan|mixed)")
 _SERVING_FINDINGS = {
+    # F18 (measured above) on the sink property, which judges dQ/dK/dV too; not strict: a run shows it only when it
+    # draws an affected head dim
+    "sinks_match_reference": dict(match=_ACCUM, why=_F18, strict=False),
     "paged_equals_contiguous": dict(match=_PAGE_TMA_NAN, strict=False, why=(
         "flash-attn-4 4.0.0b36 documents it (flash_attn_varlen_func, page_table): 'When pages load by TMA (a page "
         "holds whole key tiles), a tile loads every row of its block, including rows past seqused_k in a sequence's "
