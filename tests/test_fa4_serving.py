@@ -399,3 +399,18 @@ def test_f18_is_declared_on_the_sink_property_too_and_only_f18():
                   msg.replace("dq: MISMATCH", "dsinks: MISMATCH")):
         assert a.classify("sinks_match_reference", other)[0] == "failed", other
     assert a.classify("sinks_match_reference", None)[0] == "passed"  # not strict: a pass is a pass
+
+
+def test_the_gqa_backward_refusal_reads_the_heads_of_a_cache_right():
+    """Dv != D with GQA is refused for the SM90 backward's assert; a cache call (k (N, S, Hkv, D), forward only)
+    is not refused for it, and its heads are not read from the slot dimension."""
+    a = get("flash-attn4")
+    plain = build_case(CaseRecipe(batch=1, heads_q=4, heads_kv=2, len_q=3, len_k=8, head_dim=64, head_dim_v=32,
+                                  dtype="float16"))
+    assert "GQA backward" in a.refuses(plain)
+    for hkv, slots in ((2, 4), (2, 9), (4, 4)):
+        case = build_case(_recipe(heads_kv=hkv, head_dim=64, head_dim_v=32, dtype="float16", page_size=slots,
+                                  num_pages=150, block_table=_table(slots, 150)))
+        assert a.refuses(case) is None, (hkv, slots)
+    wide = build_case(_recipe(head_dim=32, head_dim_v=64, dtype="float16"))
+    assert "Dv > D" in a.refuses(wide)

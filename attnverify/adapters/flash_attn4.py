@@ -202,7 +202,8 @@ def _available() -> Optional[str]:
 
 def _refuses(case) -> Optional[str]:
     d, dv = case.q.shape[-1], case.v.shape[-1]
-    if dv != d and case.q.shape[1] != case.k.shape[1]:
+    cache = case.spec.cache_seqlens is not None  # caches (N, S, Hkv, D); cache calls are forward only
+    if dv != d and not cache and case.q.shape[1] != case.k.shape[1]:
         return ("flash-attn4's SM90 backward asserts 'GQA backward requires head_dim == head_dim_v' "
                 "(flash_bwd_sm90.py), so Dv != D with GQA is refused")
     if dv > d:
