@@ -714,7 +714,12 @@ def test_flash_attn4_declares_its_h200_findings():
     kf, pats = get("flash-attn4").known_failures, get("flash-attn4").known_patterns
     grads = {"gradients_match_reference", "fully_masked_rows", "gqa_equals_repeated_kv", "outputs_fully_written",
              "non_default_stream"}
-    assert set(kf) == grads | {"no_out_of_bounds"} and set(kf) <= {p.name for p in PROPERTIES} and set(pats) == set(kf)
+    # the serving declarations (FA4's documented TMA-page NaN; F18 on the sink property, not strict) are tested in
+    # tests/test_fa4_serving.py
+    serving = {"paged_equals_contiguous", "sinks_match_reference"}
+    assert set(kf) == grads | {"no_out_of_bounds"} | serving and set(pats) == set(kf)
+    assert set(kf) <= {p.name for p in PROPERTIES}
+    kf = {p: w for p, w in kf.items() if p not in serving}
     assert "docs/compatibility.md F17" in kf["no_out_of_bounds"]
     assert all("docs/compatibility.md F18" in kf[p] and "benchmarks/repro_fa4.py" in kf[p] for p in kf)
     # every failure of the H200 run (journal messages, verbatim) is the declared finding ...
