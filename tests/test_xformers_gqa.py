@@ -107,3 +107,16 @@ def test_glue_sending_gqa_gradients_to_the_5d_form_fails(fake_xformers, monkeypa
     a = Adapter(name="xformers-wrong", fn=wrong, refuses=fake_xformers.refuses, claims=fake_xformers.claims)
     with pytest.raises(AssertionError, match="only for the forward pass"):
         _run(a, "gradients_match_reference", n=10)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prop", ["gqa_equals_repeated_kv", "gradients_match_reference"])
+def test_real_xformers_gqa(prop, tmp_path):
+    why = XF.unavailable_reason()
+    if why is not None:
+        pytest.skip(f"xformers unavailable here: {why}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = run_property(get_property(prop), XF, profile="ci", seed=0, database=None, report_dir=str(tmp_path),
+                           max_examples=8)
+    assert run.statuses.get("passed", 0) >= 3, run.statuses
