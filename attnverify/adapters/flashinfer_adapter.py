@@ -20,7 +20,8 @@ flashinfer_paged.py and flashinfer_layout.py.
 Claims, from flashinfer 0.6.18's prefill.py, decode.py, page.py, attention/_core.py docstrings and source
 (flashinfer-ai/flashinfer@fb28d72) -- not yet from a run:
 
-- dtypes fp16/bf16 (fp8 needs scales: not claimed, docs/compatibility.md says what it would take); CUDA only;
+- dtypes fp16/bf16 (fp8: flashinfer documents per-head scales of one request only; not claimed,
+  docs/compatibility.md says why and what it would take); CUDA only;
   head dims 64, 128, 256 (the sizes FlashInfer's kernels are instantiated for, include/flashinfer/utils.cuh);
   Dv == D.
 - causal: bottom-right ("mask = torch.tril(..., diagonal=(kv_len - qo_len))" is the docstring's
@@ -31,8 +32,8 @@ Claims, from flashinfer 0.6.18's prefill.py, decode.py, page.py, attention/_core
   logits transform).
 - custom_mask: boolean, True = keep, shape [qo_len, kv_len] per request -- one mask for all heads,
   so head-dependent masks and float masks are refused; with a custom mask `causal` is ignored
-  ("only effective when custom_mask is not provided"), so mask + causal is refused; not with cache calls
-  or sinks (the paged paths here take no mask).
+  ("only effective when custom_mask is not provided"), so mask + causal is refused; not with sinks (the
+  AttentionSink variant's mask is the window alone).
 - ALiBi (pos_encoding_mode="ALIBI") uses FlashInfer's built-in slopes and a signed, non-absolute
   distance: not SPEC's -slope*|i + Lk - Lq - j| with given slopes, so not claimed.
 - GQA: num_qo_heads a multiple of num_kv_heads, grouped.
@@ -88,8 +89,11 @@ def _refuses(case) -> Optional[str]:
     s = case.spec
     if s.sinks is not None and s.softcap is not None:
         return "flashinfer's AttentionSink variant has no logits transform: logits_soft_cap is not applied with sinks"
-    if s.attn_mask is not None and (s.sinks is not None or s.cache_seqlens is not None):
-        return "the paged wrappers this adapter calls for sinks and cache calls take no custom_mask here"
+    if s.attn_mask is not None and s.sinks is not None:
+        return ("flashinfer's AttentionSink variant masks by the window only (its LOGITS_MASK has no custom-mask term, "
+                "jit/attention/variants.py; the default variant's has, attention/variants.cuh)")
+    if s.attn_mask is not None and s.cache_seqlens is not None:
+        return "a mask with a cache call: attnverify's cache calls take none (attnverify/paged.py)"
     if s.window is not None:
         left, right = s.window
         if left < 0:
