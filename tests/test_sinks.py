@@ -242,3 +242,23 @@ def test_chunked_matches_reference_skips_a_chunk_the_adapter_refuses(tmp_path, m
     assert not called_without_causal
     assert run.statuses.get("passed", 0) >= 1 and run.statuses.get("error", 0) == 0, run.statuses
     assert run.statuses.get("skipped", 0) >= 1, run.statuses
+
+
+def test_sinks_joined_to_a_case_are_put_to_the_adapters_refuses():
+    """The sinks join a case drawn without them, so `refuses` is asked again (FlashInfer's sink variant takes no
+    soft-cap): a refused example is skipped with the adapter's reason, never sent (it raised before: check's
+    UsageError ended the property)."""
+    from attnverify.adapters.naive import naive_attention
+
+    def refuses(case):
+        s = case.spec
+        return "no soft-cap with sinks here" if s.sinks is not None and s.softcap is not None else None
+
+    def fn(q, k, v, spec):
+        assert refuses(type("C", (), {"spec": spec})()) is None, "called on a refused case"
+        return naive_attention(q, k, v, spec, return_keep=False)
+
+    a = av.adapter("sinks-no-cap", register=False, softcap=True, sinks=True, lse=True, refuses=refuses,
+                   causal=("none", "bottom_right"))(fn)
+    run = _run("sinks_match_reference", a, max_examples=12)
+    assert run.statuses.get("passed", 0) >= 3 and run.statuses.get("skipped", 0) >= 1, run.statuses

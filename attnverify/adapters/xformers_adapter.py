@@ -27,9 +27,17 @@ How each SPEC feature is expressed (class names and semantics from xformers/ops/
   (B, H, Lq, Lk) with its last dim padded to a multiple of 8 and sliced back, xformers' documented
   recipe for lengths that are not multiples of 8. Not combined with bottom-right causal or windows
   (no bias class holds both): refused.
-- GQA: forward only, through the documented 5-D BMGHK layout with K/V expanded (stride 0) over the
-  group ("MQA/GQA is an experimental feature supported only for the forward pass"). With gradients
-  the adapter repeats K/V to Hq heads in BMHK (autograd sums the copies back).
+- GQA. The memory_efficient_attention docstring (xformers 0.0.33 ops/fmha/__init__.py; 0.0.35 re-exports
+  mslk.attention.fmha with the same text): ":EXPERIMENTAL: Using with Multi Query Attention (MQA) and Grouped
+  Query Attention (GQA): MQA/GQA is an experimental feature supported only for the forward pass. If you have 16
+  heads in query, and 2 in key/value, you can provide 5-dim tensors in the [B, M, G, H, K] format ... xFormers
+  will not automatically broadcast the inputs, so you will need to broadcast it manually". So the adapter
+  asks xformers for a GQA call only without gradients: the 5-D BMGHK layout, K/V expanded (stride 0) over the
+  group. When any input requires grad it never calls the 5-D form: it calls the documented MHA form (BMHK,
+  with a backward: `memory_efficient_attention_backward` "Computes the gradient of the attention") on K/V
+  repeated to Hq heads, and autograd sums the copies' gradients back. The `gqa` and `backward` claims together
+  are therefore xformers' MHA backward behind the adapter's repeat -- documented -- and never a claim that
+  xformers' GQA has a backward (attnverify's claims are per feature, not per feature and direction).
 - LSE: `memory_efficient_attention_forward_requires_grad` returns (out, lse); the adapter takes the
   LSE of that second call (natural log, fp32; sliced to Lq where xformers pads it).
 - dropout: `p`; the keep-mask is not exposed, so it is checked statistically; seeded with torch.manual_seed.

@@ -51,6 +51,14 @@ def with_chunk(case: Case, chunk: int) -> Case:
     return out
 
 
+def sinks_joined(adapter, case: Case, params: dict) -> Case:
+    """with_sinks, then the adapter's `refuses` asked again: the sinks join a case drawn without them (an adapter may
+    refuse sinks with soft-capping, say); a refused one raises Refused and the example is skipped with its reason."""
+    out = with_sinks(case, params)
+    ensure_claimed(adapter, out.q, out.k, out.v, out.spec)
+    return out
+
+
 def with_sinks(case: Case, params: dict) -> Case:
     """The case with the drawn sinks, in its spec and in its recipe (so the saved case replays with them)."""
     out = with_spec(case, sinks=make_sinks(case.q.shape[1], params["sinks"], case.q.device))
@@ -116,7 +124,7 @@ class SinksMatchReference(SinkProperty):
     def judge(self, adapter, case, params):
         if params.get("attention_chunk"):
             case = with_chunk(case, int(params["attention_chunk"]))
-        case = with_sinks(case, params)
+        case = sinks_joined(adapter, case, params)
         res = _result_from_check(check(adapter, case, backward=adapter.claims.backward), case)
         if not res.passed or not adapter.claims.backward:
             return res
@@ -178,7 +186,7 @@ class SinkAsExtraKey(SinkProperty):
             and not r.alibi and not r.dropout_p and not r.poison
 
     def judge(self, adapter, case, params):
-        case = with_sinks(case, params)
+        case = sinks_joined(adapter, case, params)
 
         def pairs(a, c):
             got = run(a, c.q, c.k, c.v, c.spec)
@@ -199,7 +207,7 @@ class SinkLimits(SinkProperty):
     case_kwargs = dict(dropout=False, poison=False)
 
     def judge(self, adapter, case, params):
-        case = with_sinks(case, params)
+        case = sinks_joined(adapter, case, params)
         problems = []
 
         def pairs(a, c):
@@ -242,7 +250,7 @@ class SinksPaged(CacheProperty):
         return {"sinks": {"kind": "mixed", "level": 2.0, "seed": 0}}
 
     def judge(self, adapter, case, params):
-        case = with_sinks(case, params)
+        case = sinks_joined(adapter, case, params)
         ref = reference_forward(case.q, case.k, case.v, case.spec)
 
         def pairs(a, c):
