@@ -281,3 +281,35 @@ def test_the_real_library_holds_the_serving_properties(name):
     for prop in SERVING + (FA3_ONLY if name == "flash-attn3-kvcache" else ()):
         res = _run(prop, a, n=4)
         assert res.statuses.get("passed", 0) >= 1, (prop, res)
+
+
+# ------------------------------------------------------------------------------ through the plugin, narrower claims
+
+
+def test_plugin_runs_fa3_kvcache_under_a_users_narrower_claims(pytester, fa3):
+    """A user's conftest adapter around the built-in's function (FA3's stand-in injected as the library), claiming
+    less than FA3 documents: causal only, page sizes 3 and 16, num_splits 1 and 3, e4m3 with descales, chunks, no
+    append. The claimed properties run and pass; kv_cache_append skips naming the claim."""
+    pytester.makeconftest('''
+import attnverify as av
+from attnverify.adapters.flash_attn3_kvcache import fa3_refusal, flash_attn3_kvcache
+
+@av.adapter("mine-fa3", dtypes=("float32", "float8_e4m3fn"), head_dims=(16, 32), causal=("bottom_right",), gqa=True,
+            lse=True, fully_masked="zeros", paged=True, page_sizes=(3, 16), num_splits=(1, 3), descales=True,
+            attention_chunk=True, refuses=lambda case: fa3_refusal(case.q, case.k, case.v, case.spec))
+def mine(q, k, v, spec):
+    return flash_attn3_kvcache.fn(q, k, v, spec)
+''')
+    props = ("paged_equals_contiguous", "split_invariance", "fp8_matches_reference", "descale_linearity",
+             "chunked_matches_reference", "kv_cache_append")
+    res = pytester.runpytest("--adapter=mine-fa3", "-v", "-rs", "-k", " or ".join(props), "--attn-profile=ci",
+                             "--attn-max-examples=4", "--attn-isolate=none", "--attn-seed=1", "-p", "no:randomly")
+    out = res.stdout.str()
+    assert res.ret == 0, out
+    for line in [f"*test_{p}?mine-fa3? PASSED*" for p in props[:-1]] + ["*mine-fa3 does not claim append*"]:
+        res.stdout.fnmatch_lines([line])
+    # judged in this process (--attn-isolate=none): the calls the library saw stayed within the user's claims
+    sizes = {c["k_cache"].shape[1] for c in fa3.calls if c["page_table"] is not None}
+    assert sizes and sizes <= {3, 16}, sizes
+    assert {1, 3} <= {c["num_splits"] for c in fa3.calls} <= {0, 1, 3}  # 0: a call without spec.num_splits
+    assert any(c["q"].dtype == F8 and c["v_descale"] is not None for c in fa3.calls)
