@@ -42,8 +42,8 @@ from _judged import judged
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 
-EXTERNAL = ("flex", "flash-attn", "flash-attn-kvcache", "flash-attn3", "flash-attn4", "xformers", "flashinfer", "jax",
-            "te")
+EXTERNAL = ("flex", "flash-attn", "flash-attn-kvcache", "flash-attn3", "flash-attn3-kvcache", "flash-attn4", "xformers",
+            "flashinfer", "jax", "te")
 LIBRARY = {  # adapter -> the module whose absence makes it unavailable
     "flash-attn": "flash_attn", "flash-attn-kvcache": "flash_attn", "xformers": "xformers",
     "flashinfer": "flashinfer", "jax": "jax", "te": "transformer_engine",
@@ -71,7 +71,7 @@ def test_adapter_modules_import_no_library_and_no_cuda():
         import attnverify
         import attnverify.adapters.flex, attnverify.adapters.flash_attn, attnverify.adapters.xformers_adapter
         import attnverify.adapters.flashinfer_adapter, attnverify.adapters.jax_adapter, attnverify.adapters.te_adapter
-        import attnverify.adapters.flash_attn4
+        import attnverify.adapters.flash_attn4, attnverify.adapters.flash_attn_kvcache, attnverify.adapters.flash_attn3_kvcache
         from attnverify.adapters.registry import get
         for n in %r:
             get(n)
@@ -97,8 +97,8 @@ def test_missing_libraries_are_unavailable_with_a_reason():
         lib = LIBRARY.get(name)
         if (lib and not _external.installed(lib)) or (name == "flash-attn4" and flash_attn4._fa4_dir() is None):
             assert why and "not installed" in why and "pip install" in why, (name, why)
-        elif name in ("flash-attn", "flash-attn-kvcache", "flash-attn3", "flash-attn4", "xformers", "flashinfer",
-                      "te") and CPU_ONLY:
+        elif name in ("flash-attn", "flash-attn-kvcache", "flash-attn3", "flash-attn3-kvcache", "flash-attn4", "xformers",
+                      "flashinfer", "te") and CPU_ONLY:
             assert why and ("not installed" in why or "no CUDA device" in why), (name, why)
     if HAS_JAX:
         assert rows["jax"] is None, rows["jax"]

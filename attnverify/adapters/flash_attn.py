@@ -1,12 +1,11 @@
 """flash-attn (Dao-AILab): FlashAttention-2 (`flash_attn`) and FlashAttention-3 (`flash_attn_interface`).
 
-Three built-ins, each importing its library only when called (this module imports none of them):
+The flash-attn built-ins, each importing its library only when called (this module imports none of them):
 
 - `flash-attn`: `flash_attn.flash_attn_func` (padded batch) and `flash_attn.flash_attn_varlen_func`
   (packed documents, `spec.cu_seqlens_*`), forward and backward through their autograd Functions.
-- `flash-attn-kvcache`: `flash_attn.flash_attn_with_kvcache` (inference; no backward). The cache is
-  allocated one page (64 rows) longer than the keys and that tail is filled with 3e4, so a kernel
-  that reads past `cache_seqlens` shows up as a wrong answer, not as luck.
+- `flash-attn-kvcache`: `flash_attn.flash_attn_with_kvcache` (inference; paged and contiguous caches, append,
+  cache_leftpad, num_splits): its own module, flash_attn_kvcache.py (FA3's is flash_attn3_kvcache.py).
 - `flash-attn3`: FlashAttention-3's `flash_attn_interface.flash_attn_func` / `flash_attn_varlen_func`
   (Hopper build of the same repository, `hopper/`).
 
@@ -45,9 +44,6 @@ from ..spec import Output, Spec
 from ._external import (bshd, dist_version, gpu_library_reason, last_dim_contiguous, segments, varlen_args,
                         version_tuple)
 from .base import adapter
-
-_KV_PAD = 64  # extra cache rows past cache_seqlens in flash-attn-kvcache
-_KV_GARBAGE = 3e4
 
 _FA2_PROBE = r"""
 import torch
@@ -225,45 +221,6 @@ def flash_attn2(q, k, v, spec: Spec):
     return Output(out, lse=_lse_out(lse) if spec.return_lse else None, dropout_mask=keep)
 
 
-# ----------------------------------------------------------------------------- FA2 kv-cache path
-
-
-@adapter(
-    "flash-attn-kvcache",
-    description="flash-attn 2: flash_attn_with_kvcache (inference, cache longer than cache_seqlens)",
-    availability=_fa2_available,
-    dtypes=("float16", "bfloat16"),
-    devices=("cuda",),
-    head_dims=lambda d: 1 <= d <= 256,
-    max_seqlen=16384,
-    causal=("none", "bottom_right"),
-    window=True, softcap=True, alibi=True, attn_mask=False, gqa=True, varlen=False, dropout=False,
-    backward=False,  # "Note: Does not support backward pass."
-    lse=True, dv_ne_d=False, fully_masked="zeros", deterministic=True,
-    tiles=(64, 128),
-    memory="linear",
-)
-def flash_attn2_kvcache(q, k, v, spec: Spec):
-    """flash-attn 2: flash_attn_with_kvcache over a cache with a garbage tail past cache_seqlens."""
-    from flash_attn import flash_attn_with_kvcache
-
-    b, hq, lq, d = q.shape
-    hkv, lk = k.shape[1], k.shape[2]
-    # the cache: (B, Lk + pad, Hkv, D), contiguous last dim (asserted by the function), tail = garbage
-    k_cache = torch.full((b, lk + _KV_PAD, hkv, d), _KV_GARBAGE, dtype=k.dtype, device=k.device)
-    v_cache = torch.full((b, lk + _KV_PAD, hkv, v.shape[-1]), _KV_GARBAGE, dtype=v.dtype, device=v.device)
-    k_cache[:, :lk] = bshd(k)
-    v_cache[:, :lk] = bshd(v)
-    cache_seqlens = torch.full((b,), lk, dtype=torch.int32, device=q.device)
-    res = flash_attn_with_kvcache(
-        last_dim_contiguous(bshd(q)), k_cache, v_cache, cache_seqlens=cache_seqlens,
-        softmax_scale=spec.resolved_scale(d), causal=spec.causal == "bottom_right", window_size=_window(spec),
-        softcap=float(spec.softcap or 0.0), alibi_slopes=_alibi(spec, q.device), return_softmax_lse=bool(spec.return_lse),
-    )
-    out, lse = res if spec.return_lse else (res, None)
-    return Output(out.transpose(1, 2), lse=_lse_out(lse))
-
-
 # --------------------------------------------------------------------------------------- FA3
 
 
@@ -306,4 +263,11 @@ def flash_attn3(q, k, v, spec: Spec):
 
 # names used in registry.BUILTINS
 flash_attn = flash_attn2
-flash_attn_kvcache = flash_attn2_kvcache
+
+
+def __getattr__(name):  # `flash_attn.flash_attn_kvcache`, the name of before the kv-cache module
+    if name == "flash_attn_kvcache":
+        from .flash_attn_kvcache import flash_attn2_kvcache
+
+        return flash_attn2_kvcache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
