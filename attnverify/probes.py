@@ -44,8 +44,13 @@ def observe(adapter, device: Optional[str] = None) -> Dict[str, str]:
     c = adapter.claims
     obs: Dict[str, str] = {}
 
+    # every probe call stays inside the claims: an adapter that claims only causal modes ("leave 'none' out and
+    # every case is causal", docs/adapters.md) is probed with its first causal mode (the probes' rows stay valid:
+    # Lq == Lk, a masked or NaN row is the same row under either alignment)
+    plain = "none" if "none" in c.causal else c.causal[0]
+
     def run(**kw):
-        base = dict(len_q=8, len_k=8, head_dim=hd, dtype=dt, device=dev, seed=3)
+        base = dict(len_q=8, len_k=8, head_dim=hd, dtype=dt, device=dev, seed=3, causal=plain)
         base.update(kw)
         r = CaseRecipe(**base)
         case = build_case(r)

@@ -130,3 +130,31 @@ def test_the_classifier_honours_match():
     assert a.classify("forward_matches_reference", "out: MISMATCH")[0] == "known"
     assert a.classify("contract", None)[0] == "xpass" and a.classify("value_scaling", None) == ("passed", "")
     assert a.classify("value_scaling", "out: MISMATCH") == ("failed", "")
+
+
+def test_convention_probes_stay_inside_a_causal_only_claim_set():
+    """The run's convention probes (attnverify.probes, the report's 'declared vs observed' table) call the adapter
+    with its claims only: an adapter claiming only top-left causal (with masks and an LSE), which raises on any
+    other call as such a kernel would, is probed without one 'probe raised', and its alignment is observed."""
+    import torch
+
+    from attnverify.probes import observe
+
+    def always_causal(q, k, v, spec):
+        if spec.causal != "top_left":
+            raise ValueError(f"this kernel is always causal (top-left); got causal={spec.causal!r}")
+        s = (q.double() @ k.double().transpose(-1, -2)) * spec.resolved_scale(q.shape[-1])
+        lq, lk = s.shape[-2:]
+        keep = torch.ones(lq, lk, dtype=torch.bool).tril(0)
+        if spec.attn_mask is not None:
+            keep = keep & spec.attn_mask.to(torch.bool)
+        s = s.masked_fill(~keep, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - lse.unsqueeze(-1).masked_fill(torch.isneginf(lse.unsqueeze(-1)), 0.0))
+        return av.Output((p @ v.double()).to(q.dtype), lse=lse.float() if spec.return_lse else None)
+
+    a = av.adapter("probe-always-causal", register=False, dtypes=("float32",), causal=("top_left",),
+                   attn_mask=True, lse=True, fully_masked="zeros")(always_causal)
+    obs = observe(a, "cpu")
+    assert not [k for k, v in obs.items() if v.startswith("probe raised")], obs
+    assert obs["causal"] == "top_left" and obs["lse"] == "natural log" and obs["fully_masked"] == "zeros", obs
