@@ -7,6 +7,8 @@
 - `_key_range`: which key blocks a query block sees, and which of them need no element mask
   (the forward and dQ kernels loop over keys; dK/dV loops over queries, `_query_range`).
 - `_scores`: raw q.k -> scores in log2 units with softcap, ALiBi and the visibility masks (`_visible`).
+- `_load_kv`: the forward key loop's K^T and V tiles (masked past Lk, padded head dims), for the plain
+  loop (`flash_fwd._fwd_inner`) and the speed variants' (`flash_fwd_variants._fwd_inner_v`).
 - `_lowp`, `_dot`, `_tanh`: dtype conversion, dots, tanh that also run under the interpreter.
 
 Nothing here touches a GPU at import.
@@ -214,3 +216,33 @@ def _slope(SLOPES, b_idx, head, stride_az, stride_ah, HAS_ALIBI: tl.constexpr):
     else:
         slope = (b_idx * 0).to(tl.float32)
     return slope
+
+
+@triton.jit
+def _load_kv(k_base, v_base, offs_n, offs_d, offs_dv, stride_kn, stride_kk, stride_vn, stride_vk, seq_k,
+             HEAD_DIM, HEAD_DIM_V, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, MASK: tl.constexpr):
+    """-> (K^T (BLOCK_D, N), V (N, BLOCK_DV)) of keys `offs_n`, zero past Lk (MASK) and past the head dims.
+
+    An unmasked block with an unpadded head dim loads with no mask at all (16-byte loads, issue 25).
+    """
+    k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kk  # (D, N): K^T
+    v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vk
+    if MASK:
+        kmask = offs_n[None, :] < seq_k
+        vmask = offs_n[:, None] < seq_k
+        if not EVEN_D:
+            kmask = kmask & (offs_d[:, None] < HEAD_DIM)
+        if not EVEN_DV:
+            vmask = vmask & (offs_dv[None, :] < HEAD_DIM_V)
+        kt = tl.load(k_ptrs, mask=kmask, other=0.0)
+        v = tl.load(v_ptrs, mask=vmask, other=0.0)
+    else:
+        if EVEN_D:
+            kt = tl.load(k_ptrs)
+        else:
+            kt = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+        if EVEN_DV:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
+    return kt, v

@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import LN2, LOG2E, _base, _dot, _key_range, _lowp, _scores, _segment, _slope
+from .common import LN2, LOG2E, _base, _dot, _key_range, _load_kv, _lowp, _scores, _segment, _slope
 from .flash_fwd_variants import _fwd_inner_v
 
 
@@ -44,26 +44,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn
                HAS_ALIBI: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kk  # (D, N): K^T
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vk
-        if MASK:
-            kmask = offs_n[None, :] < seq_k
-            vmask = offs_n[:, None] < seq_k
-            if not EVEN_D:
-                kmask = kmask & (offs_d[:, None] < HEAD_DIM)
-            if not EVEN_DV:
-                vmask = vmask & (offs_dv[None, :] < HEAD_DIM_V)
-            kt = tl.load(k_ptrs, mask=kmask, other=0.0)
-            v = tl.load(v_ptrs, mask=vmask, other=0.0)
-        else:
-            if EVEN_D:
-                kt = tl.load(k_ptrs)
-            else:
-                kt = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-            if EVEN_DV:
-                v = tl.load(v_ptrs)
-            else:
-                v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
+        kt, v = _load_kv(k_base, v_base, offs_n, offs_d, offs_dv, stride_kn, stride_kk, stride_vn, stride_vk, seq_k,
+                         HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, MASK)
         qk = _dot(q, kt, UPCAST, IEEE)
         s, _t = _scores(qk, offs_m[:, None], offs_n[None, :], seq_k, diag_off, causal_off, win_left, win_right, slope,
                         scale, qk_scale, softcap_scale, softcap_c2,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import _dot, _lowp, _scores, _visible
+from .common import _dot, _load_kv, _lowp, _scores, _visible
 
 RESCALE_TAU = tl.constexpr(8.0)  # log2 units: P <= 256 between rescales
 
@@ -45,26 +45,8 @@ def _fwd_inner_v(acc, l_i, m_i, q, k_base, v_base, DESC_K, DESC_V, b_idx, off_hk
             kt = tl.trans(DESC_K.load([b_idx, off_hk, k_start + start_n, 0]).reshape(BLOCK_N, BLOCK_D))
             v = DESC_V.load([b_idx, off_hk, k_start + start_n, 0]).reshape(BLOCK_N, BLOCK_DV)
         else:
-            k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kk  # (D, N): K^T
-            v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vk
-            if MASK:
-                kmask = offs_n[None, :] < seq_k
-                vmask = offs_n[:, None] < seq_k
-                if not EVEN_D:
-                    kmask = kmask & (offs_d[:, None] < HEAD_DIM)
-                if not EVEN_DV:
-                    vmask = vmask & (offs_dv[None, :] < HEAD_DIM_V)
-                kt = tl.load(k_ptrs, mask=kmask, other=0.0)
-                v = tl.load(v_ptrs, mask=vmask, other=0.0)
-            else:
-                if EVEN_D:
-                    kt = tl.load(k_ptrs)
-                else:
-                    kt = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-                if EVEN_DV:
-                    v = tl.load(v_ptrs)
-                else:
-                    v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
+            kt, v = _load_kv(k_base, v_base, offs_n, offs_d, offs_dv, stride_kn, stride_kk, stride_vn, stride_vk,
+                             seq_k, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, MASK)
         qk = _dot(q, kt, UPCAST, IEEE)
         if FMA:  # qk_scale > 0, no softcap, no ALiBi (the launcher's rule)
             if MASK:
