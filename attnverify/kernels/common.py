@@ -9,6 +9,7 @@
 - `_scores`: raw q.k -> scores in log2 units with softcap, ALiBi and the visibility masks (`_visible`).
 - `_load_kv`: the forward key loop's K^T and V tiles (masked past Lk, padded head dims), for the plain
   loop (`flash_fwd._fwd_inner`) and the speed variants' (`flash_fwd_variants._fwd_inner_v`).
+- `_rescale`: the online softmax's factor for a new running max, never forming `-inf - -inf`.
 - `_lowp`, `_dot`, `_tanh`: dtype conversion, dots, tanh that also run under the interpreter.
 
 Nothing here touches a GPU at import.
@@ -246,3 +247,13 @@ def _load_kv(k_base, v_base, offs_n, offs_d, offs_dv, stride_kn, stride_kk, stri
         else:
             v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
     return kt, v
+
+
+
+@triton.jit
+def _rescale(m_i, m_new):
+    """Online softmax, a row's running max going from m_i to m_new (log2 units) -> (m_use, alpha): P is computed
+    against m_use (m_new, with -inf read as 0) and what was summed against m_i is multiplied by alpha. A row's
+    max can be -inf (no visible key yet, or an inf in q or k): -inf - -inf, a NaN, is never formed."""
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_use, tl.math.exp2(m_i - m_use)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import LN2, LOG2E, _base, _dot, _key_range, _load_kv, _lowp, _scores, _segment, _slope
+from .common import LN2, LOG2E, _base, _dot, _key_range, _load_kv, _lowp, _rescale, _scores, _segment, _slope
 from .flash_fwd_variants import _fwd_inner_v
 
 
@@ -51,9 +51,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn
                         scale, qk_scale, softcap_scale, softcap_c2,
                         MASK, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI)
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        # never -inf - -inf: a row's scores can all be -inf without any mask (an inf in q or k)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_use)
+        m_use, alpha = _rescale(m_i, m_new)
         p = tl.math.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -150,8 +148,7 @@ def _attn_fwd(
     if HAS_SINKS:  # the sink joins the denominator: rescale to max(m, sink) and add exp(sink)
         sink2 = tl.load(SINKS + off_h).to(tl.float32) * LOG2E
         m_f = tl.maximum(m_i, sink2)
-        m_fs = tl.where(m_f == float("-inf"), 0.0, m_f)  # no key and a -inf sink: l stays 0
-        alpha = tl.math.exp2(m_i - m_fs)
+        m_fs, alpha = _rescale(m_i, m_f)  # no key and a -inf sink: l stays 0
         l_i = l_i * alpha + tl.math.exp2(sink2 - m_fs)
         acc = acc * alpha[:, None]
         m_i = m_f

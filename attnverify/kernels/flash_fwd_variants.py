@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import _dot, _load_kv, _lowp, _scores, _visible
+from .common import _dot, _load_kv, _lowp, _rescale, _scores, _visible
 
 RESCALE_TAU = tl.constexpr(8.0)  # log2 units: P <= 256 between rescales
 
@@ -64,16 +64,13 @@ def _fwd_inner_v(acc, l_i, m_i, q, k_base, v_base, DESC_K, DESC_V, b_idx, off_hk
             # m_i is the reference P is computed against; -inf -> finite is an infinite growth
             grow = tl.where(m_new > m_i, m_new - m_i, 0.0)
             if tl.max(grow, 0) > RESCALE_TAU:
-                m_fix = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.math.exp2(m_i - m_fix)
+                _m_fix, alpha = _rescale(m_i, m_new)
                 l_i = l_i * alpha
                 acc = acc * alpha[:, None]
                 m_i = m_new
             m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
         else:
-            # never -inf - -inf: a row's scores can all be -inf without any mask (an inf in q or k)
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m_i - m_use)
+            m_use, alpha = _rescale(m_i, m_new)
             l_i = l_i * alpha
             acc = acc * alpha[:, None]
             m_i = m_new
