@@ -44,9 +44,14 @@ def _fake_driver():
     return NoGpuDriver()
 
 
-CASES = [  # (name, dtype, d, spec kwargs, variant list)
+# (name, dtype, d, spec kwargs, candidates on top of launch.default_config(d, dtype, 'cuda'), which already has
+# the adopted ones: fma + lpt at D <= 64, tma + fma + lpt at D > 128)
+CASES = [
     ("bf16_d64", "bfloat16", 64, {}, ""),
+    ("fp16_d64_causal", "float16", 64, {"causal": "bottom_right"}, ""),
     ("bf16_d128_causal", "bfloat16", 128, {"causal": "bottom_right"}, ""),
+    ("bf16_d256", "bfloat16", 256, {}, ""),
+    ("fp16_d256_causal", "float16", 256, {"causal": "bottom_right"}, ""),
     ("fp16_d72", "float16", 72, {}, ""),
     ("fp16_d80_window", "float16", 80, {"window": (32, 0)}, ""),
     ("bf16_d128_softcap_alibi", "bfloat16", 128, {"softcap": 30.0, "alibi": True}, ""),
