@@ -37,3 +37,19 @@ def test_a_cache_property_whose_draws_are_all_refused_skips_with_the_refusal(tmp
     rows = run_claim_set(desc, [get_property("kv_cache_append")], max_examples=1, report_dir=str(tmp_path))
     assert [r["outcome"] for r in rows] == ["skipped"], rows
     assert "refuses head dims above 32" in rows[0]["message"], rows
+
+
+def test_memory_scaling_holds_for_the_strict_adapters_linear_memory_claim(tmp_path):
+    """memory="linear" claim sets: the strict adapter's row chunks were 64 rows, so every call at N, 2N, 4N <= 64
+    was one chunk holding the whole N x N scores: memory_scaling failed the correct implementation at
+    max_seqlen 128 (N = 32). And at N = 16 (max_seqlen 64) one score matrix at 4N is 16 KiB, the size of a correct
+    kernel's workspace steps: the fit read 5 KiB of quadratic part against 2 KiB allowed. The property now starts at
+    N = 32 and says so."""
+    desc = dict(BASE, head_dims=[32], causal=["none", "top_left"], backward=True, memory="linear")
+    rows = run_claim_set(dict(desc, max_seqlen=128), [get_property("memory_scaling")], max_examples=4,
+                         report_dir=str(tmp_path))
+    assert [r["outcome"] for r in rows] == ["passed"], rows
+    rows = run_claim_set(dict(desc, max_seqlen=64), [get_property("memory_scaling")], max_examples=4,
+                         report_dir=str(tmp_path))
+    assert [r["outcome"] for r in rows] == ["skipped"], rows
+    assert "memory_scaling needs N, 2N and 4N keys with N >= 32 (4N = 128)" in rows[0]["message"], rows
