@@ -53,3 +53,21 @@ def test_memory_scaling_holds_for_the_strict_adapters_linear_memory_claim(tmp_pa
                          report_dir=str(tmp_path))
     assert [r["outcome"] for r in rows] == ["skipped"], rows
     assert "memory_scaling needs N, 2N and 4N keys with N >= 32 (4N = 128)" in rows[0]["message"], rows
+
+
+def test_a_wrong_implementation_is_not_chunked_by_the_strict_adapter():
+    """The slow wrong-implementation test (seed 4000) drew a memory="linear" claim set once fp8 was drawn: the
+    strict adapter chunked the wrong engine's rows too, turning bottom-right causal into a correct bool mask, and
+    causal_top_left passed causal_alignment. A wrong implementation now gets the call as it comes."""
+    import torch
+
+    from attnverify.adapters.naive import naive_attention
+    from attnverify.zoo.claimsets import strict_adapter
+
+    desc = dict(BASE, head_dims=[16], causal=["top_left", "bottom_right"], memory="linear", lse=True)
+    c = build_case(CaseRecipe(len_q=5, len_k=40, head_dim=16, causal="bottom_right"))
+    good = strict_adapter(desc)(c.q, c.k, c.v, c.spec).out
+    bad = strict_adapter(desc, bug="causal_top_left")(c.q, c.k, c.v, c.spec).out
+    ref = naive_attention(c.q, c.k, c.v, c.spec).out
+    assert torch.allclose(good, ref, atol=1e-5)
+    assert not torch.allclose(bad, ref, atol=1e-2), "the bug did not reach the call"

@@ -215,7 +215,10 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
         if why:
             raise UnclaimedCall(f"{holder['a'].name} was called outside its claims: {why}")
         s = spec.replace(return_lse=True)
-        res = _chunked(impl, q, k, v, s) if desc["memory"] == "linear" and _plain(spec) else impl(q, k, v, s)
+        # only the correct implementation is chunked: the chunks make causal rows a bool mask, which hid the
+        # causal_top_left bug from causal_alignment (a wrong implementation gets the call as it comes)
+        chunk = bug is None and desc["memory"] == "linear" and _plain(spec)
+        res = _chunked(impl, q, k, v, s) if chunk else impl(q, k, v, s)
         out, lse = res.out, res.lse if spec.return_lse else None
         if desc["fully_masked"] == "nan":
             out, lse = _fully_masked_nan(out, lse, torch.isneginf(res.lse.detach()))
