@@ -41,18 +41,20 @@ def test_a_cache_property_whose_draws_are_all_refused_skips_with_the_refusal(tmp
 
 def test_memory_scaling_holds_for_the_strict_adapters_linear_memory_claim(tmp_path):
     """memory="linear" claim sets: the strict adapter's row chunks were 64 rows, so every call at N, 2N, 4N <= 64
-    was one chunk holding the whole N x N scores: memory_scaling failed the correct implementation at
-    max_seqlen 128 (N = 32). And at N = 16 (max_seqlen 64) one score matrix at 4N is 16 KiB, the size of a correct
-    kernel's workspace steps: the fit read 5 KiB of quadratic part against 2 KiB allowed. The property now starts at
-    N = 32 and says so."""
-    desc = dict(BASE, head_dims=[32], causal=["none", "top_left"], backward=True, memory="linear")
-    rows = run_claim_set(dict(desc, max_seqlen=128), [get_property("memory_scaling")], max_examples=4,
+    was one chunk holding the whole N x N scores. And at small N one score matrix at 4N is the size of a correct
+    kernel's workspace steps: at N = 16 (float32) the fit read 5 KiB of quadratic part against 2 KiB allowed, at
+    N = 32 (wide shard 4's claim set: bfloat16, fwd+bwd, D = 17) per-chunk 5 KiB buffers against 4 KiB. The
+    property now starts at N = 64 and says so below it."""
+    desc = dict(BASE, dtypes=["float16", "bfloat16", "float8_e4m3fn"], head_dims="odd_below_100", descales=True,
+                causal=["none", "top_left", "bottom_right"], backward=True, lse=True, memory="linear",
+                fully_masked="nan", refuses="head_dim_above_32")
+    rows = run_claim_set(dict(desc, max_seqlen=256), [get_property("memory_scaling")], max_examples=4,
                          report_dir=str(tmp_path))
     assert [r["outcome"] for r in rows] == ["passed"], rows
-    rows = run_claim_set(dict(desc, max_seqlen=64), [get_property("memory_scaling")], max_examples=4,
+    rows = run_claim_set(dict(desc, max_seqlen=200), [get_property("memory_scaling")], max_examples=4,
                          report_dir=str(tmp_path))
     assert [r["outcome"] for r in rows] == ["skipped"], rows
-    assert "memory_scaling needs N, 2N and 4N keys with N >= 32 (4N = 128)" in rows[0]["message"], rows
+    assert "memory_scaling needs N, 2N and 4N keys with N >= 64 (4N = 256)" in rows[0]["message"], rows
 
 
 def test_a_wrong_implementation_is_not_chunked_by_the_strict_adapter():

@@ -108,7 +108,7 @@ def claim_sets(draw, *, wide: bool = False):
     # descales (which need an fp8 dtype) half the time. cache_leftpad (issue 22) where a KV cache is drawn (it
     # needs one). Both were once left undrawn because drawing them moved the wide slice onto claim sets that
     # failed; the causes were the suite's and are fixed, each with a test in tests/test_claim_fuzz_serving.py:
-    # memory_scaling read a correct 'linear' kernel's workspace steps as N x N at N = 16 (it starts at N = 32),
+    # memory_scaling read a correct 'linear' kernel's workspace steps as N x N at N = 16, 32 (it starts at 64),
     # the strict adapter's 64-row chunks held all N x N scores at N <= 64 (16 rows now) and hid causal_top_left
     # from causal_alignment (a wrong implementation is not chunked), and an all-refused claim set's cache draws
     # built whole cases to ask `refuses` (the probe has no values now: 68 s per cache property before)
