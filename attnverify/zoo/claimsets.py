@@ -145,8 +145,8 @@ def _fully_masked_nan(out, lse, dead):
 def _chunked(fn, q, k, v, spec, rows: int = 16):
     """Query rows in chunks, each recomputed in backward (checkpoint): no Lq x Lk buffer lives at once.
     Only plain specs (causal at most) take this path; the chunk's causal rows become a bool mask.
-    `rows` is at most memory_scaling's smallest N (16): with 64-row chunks every call at N, 2N, 4N <= 64 was one
-    chunk holding the whole N x N scores, and memory_scaling failed this correct 'linear' claim (4N = 64 or 128)."""
+    `rows` stays well below memory_scaling's smallest N (64, N_MIN): chunks as long as N would make a call one chunk
+    holding the whole N x N scores (64-row chunks once failed this correct 'linear' claim at 4N = 64 or 128)."""
     from torch.utils.checkpoint import checkpoint
 
     lq, lk = q.shape[2], k.shape[2]
