@@ -349,7 +349,7 @@ def build_case(r: CaseRecipe, *, label: str = "", values: bool = True) -> Case:
     if r.cache_lens is not None:
         from .paged import build_cache_case
 
-        return build_cache_case(r, label)
+        return build_cache_case(r, label, values=values)
     gen = torch.Generator().manual_seed(int(r.seed))
     dt = DTYPES[r.dtype]
     dv = r.head_dim_v or r.head_dim

@@ -181,8 +181,9 @@ def _slot(r, b: int, t: int) -> Tuple[int, int]:
     return int(idx), t
 
 
-def build_cache_case(r, label: str = ""):
-    """The tensors and Spec of a cache recipe (called by case.build_case)."""
+def build_cache_case(r, label: str = "", *, values: bool = True):
+    """The tensors and Spec of a cache recipe (called by case.build_case). `values=False` (the strategies'
+    claim probe): zeros for q, k, v and the appended keys, no garbage slots; shapes, layouts and spec the same."""
     from .case import DTYPES, Case
     from .spec import Spec
 
@@ -191,12 +192,14 @@ def build_cache_case(r, label: str = ""):
     dv = r.head_dim_v or r.head_dim
     b, hq, hkv, lq, d = r.batch, r.heads_q, r.heads_kv, r.len_q, r.head_dim
     n, sz = r.num_pages, r.page_size
-    q = torch.randn(b, hq, lq, d, generator=gen, dtype=torch.float64) * r.q_std
-    k = torch.randn(n, sz, hkv, d, generator=gen, dtype=torch.float64) * r.k_std
-    v = torch.randn(n, sz, hkv, dv, generator=gen, dtype=torch.float64) * r.v_std + r.v_mean
-    k_new = torch.randn(b, hkv, r.new_len, d, generator=gen, dtype=torch.float64) * r.k_std
-    v_new = torch.randn(b, hkv, r.new_len, dv, generator=gen, dtype=torch.float64) * r.v_std + r.v_mean
-    if r.garbage != "none":
+    shapes = ((b, hq, lq, d), (n, sz, hkv, d), (n, sz, hkv, dv), (b, hkv, r.new_len, d), (b, hkv, r.new_len, dv))
+    if values:
+        q, k, v, k_new, v_new = (torch.randn(*s, generator=gen, dtype=torch.float64) for s in shapes)
+        q, k, k_new = q * r.q_std, k * r.k_std, k_new * r.k_std
+        v, v_new = v * r.v_std + r.v_mean, v_new * r.v_std + r.v_mean
+    else:
+        q, k, v, k_new, v_new = (torch.zeros(*s, dtype=dt) for s in shapes)  # (the .to(dt) below: no copy)
+    if r.garbage != "none" and values:
         used = torch.zeros(n, sz, dtype=torch.bool)
         for bi, (c, pad) in enumerate(zip(r.cache_lens, _recipe_pads(r))):
             for t in range(pad, c):  # the left padding below cache_leftpad[b] is garbage too

@@ -16,3 +16,25 @@ def judged(adapter, prop: str, run) -> None:
     outcome, note = adapter.classify(prop, None)
     if outcome == "xpass":
         pytest.fail(f"XPASS(strict): {note}", pytrace=False)
+
+
+def judged_on_the_real_library(adapter, prop: str, report_dir, max_examples: int = 8, min_passed: int = 1) -> None:
+    """A built-in adapter's property at the ci profile on its real library (GPU tests): skipped, naming why, where
+    the library is unavailable; otherwise judged as above (a declared finding is an xfail only when it matches)."""
+    import warnings
+
+    from attnverify.properties import get_property
+    from attnverify.properties.driver import run_property
+
+    why = adapter.unavailable_reason()
+    if why:
+        pytest.skip(f"{adapter.name} unavailable here: {why}")
+
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = run_property(get_property(prop), adapter, profile="ci", seed=0, database=None,
+                               report_dir=str(report_dir), max_examples=max_examples)
+        assert res.statuses.get("passed", 0) >= min_passed, res.statuses
+
+    judged(adapter, prop, run)

@@ -112,6 +112,15 @@ def test_claim_sets_cover_every_keyword_of_adapter():
     assert any(d["tiles"] for d in seen) and any(d["tiles"] is None for d in seen)
     assert {d["refuses"] for d in seen} >= {"odd_length", "head_dim_above_32", "bottom_right_lq_gt_lk", "unaligned_pointer"}
     assert any(d["known"] and d["known"]["match"] for d in seen) and any(d["known"] and not d["known"]["match"] for d in seen)
+    # fp8 (issue 23) and cache_leftpad (issue 22) are drawn, each both ways, and only where the claims allow them
+    fp8 = [sorted(x for x in d["dtypes"] if x.startswith("float8")) for d in seen]
+    assert {tuple(x) for x in fp8} == {(), ("float8_e4m3fn",), ("float8_e5m2",), ("float8_e4m3fn", "float8_e5m2")}
+    assert {d["descales"] for d in seen if any(x.startswith("float8") for x in d["dtypes"])} == {True, False}
+    assert not any(d["descales"] for d in seen if not any(x.startswith("float8") for x in d["dtypes"]))
+    assert {d["cache_leftpad"] for d in seen if d["kv_cache"]} == {True, False}
+    assert not any(d["cache_leftpad"] for d in seen if not d["kv_cache"])
+    for d in seen[:40]:  # every drawn claim set is one @av.adapter accepts
+        strict_adapter(d)
     assert describe(seen[0])
 
 

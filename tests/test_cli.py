@@ -84,15 +84,20 @@ def test_repro_report_and_usage_errors(tmp_path, capsys):
     capsys.readouterr()
 
 
-def test_repro_of_a_case_file_without_property_uses_check(tmp_path, capsys):
+def _naive_case_file(tmp_path) -> str:
+    """A saved case (no property) that names the naive adapter: what `attnverify repro` replays through check()."""
     from attnverify.case import CaseRecipe, build_case
 
-    case = build_case(CaseRecipe(len_q=5, len_k=6, head_dim=16, seed=2))
     path = str(tmp_path / "c.json")
-    case.save(path)
+    build_case(CaseRecipe(len_q=5, len_k=6, head_dim=16, seed=2)).save(path)
     d = json.load(open(path))
     d["adapter"] = "naive"
     json.dump(d, open(path, "w"))
+    return path
+
+
+def test_repro_of_a_case_file_without_property_uses_check(tmp_path, capsys):
+    path = _naive_case_file(tmp_path)
     assert cli.main(["repro", path]) == 0
     out = capsys.readouterr().out
     assert "HELD" in out and "out" in out
@@ -120,14 +125,8 @@ def test_repro_that_judged_nothing_is_not_run_not_held(tmp_path, capsys, monkeyp
     import types
 
     import attnverify.isolation as isolation
-    from attnverify.case import CaseRecipe, build_case
 
-    case = build_case(CaseRecipe(len_q=5, len_k=6, head_dim=16, seed=2))
-    path = str(tmp_path / "c.json")
-    case.save(path)
-    d = json.load(open(path))
-    d["adapter"] = "naive"
-    json.dump(d, open(path, "w"))
+    path = _naive_case_file(tmp_path)
     skipped = types.SimpleNamespace(status="skipped", passed=True, records=[], message="skipped: refused by the adapter")
 
     class Runner:  # what make_runner hands back: called once per replay, then closed

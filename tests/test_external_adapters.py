@@ -38,6 +38,7 @@ from attnverify.properties import PROPERTIES, get_property
 from attnverify.properties.driver import run_property
 from attnverify.spec import Spec as _Spec
 
+from _fa4_mask import fa4_keep
 from _judged import judged
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
@@ -571,22 +572,6 @@ def test_flash_attn_glue(monkeypatch):
     _check_all(_on_cpu(fa.flash_attn_kvcache), kv + [dict(GLUE_BASE, len_q=1, len_k=300, causal="bottom_right")])
 
 
-def _fa4_keep(lq, lk, causal, wl, wr):
-    """FlashAttention-4's mask (interface.py _resolve_causal_local_window + mask.py): only None is unbounded,
-    a window is dropped only when both sides are negative, causal sets right = 0; bottom-right aligned."""
-    if wl is not None and wr is not None and wl < 0 and wr < 0:
-        wl = wr = None
-    if causal:
-        wr = 0
-    i, j = torch.arange(lq)[:, None], torch.arange(lk)[None, :]
-    keep = torch.ones(lq, lk, dtype=torch.bool)
-    if wr is not None:
-        keep &= j <= i + lk - lq + wr
-    if wl is not None:
-        keep &= j >= i + lk - lq - wl
-    return keep
-
-
 def _fake_flash_attn_cute(*, lse_base2=False):
     """flash_attn (package) and flash_attn.cute with FA4 4.0.0b36's signatures: BSHD / (total, H, D); `qv` the
     4th positional parameter of both functions; a tuple (out, lse) always, lse None unless asked for or
@@ -601,7 +586,7 @@ def _fake_flash_attn_cute(*, lse_base2=False):
     def one(q, k, v, scale, causal, window, softcap):  # (1, L, H, D) each
         lq, lk = q.shape[1], k.shape[1]
         o, l_ = _naive(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale, causal=False,
-                       softcap=softcap, mask=_fa4_keep(lq, lk, causal, *window).view(1, 1, lq, lk))
+                       softcap=softcap, mask=fa4_keep(lq, lk, causal, *window).view(1, 1, lq, lk))
         return o.transpose(1, 2), (l_ / ln2 if lse_base2 else l_)
 
     def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False,

@@ -21,6 +21,8 @@ import warnings
 import pytest
 import torch
 
+from _fa4_mask import fa4_keep
+from _judged import judged_on_the_real_library
 from attnverify.adapters import flash_attn4, flash_attn4_serving as fs
 from attnverify.adapters.base import Adapter
 from attnverify.adapters.registry import get
@@ -108,21 +110,6 @@ def test_what_fa4_lacks_is_refused_and_not_claimed():
 # ------------------------------------------------------------------- a stand-in with FA4's signatures
 
 
-def _keep(lq, lk, causal, wl, wr):
-    """FA4's visibility (interface.py _resolve_causal_local_window + mask.py), bottom-right aligned."""
-    if wl is not None and wr is not None and wl < 0 and wr < 0:
-        wl = wr = None
-    if causal:
-        wr = 0
-    i, j = torch.arange(lq)[:, None], torch.arange(lk)[None, :]
-    keep = torch.ones(lq, lk, dtype=torch.bool)
-    if wr is not None:
-        keep &= j <= i + lk - lq + wr
-    if wl is not None:
-        keep &= j >= i + lk - lq - wl
-    return keep
-
-
 def _attend(q, k, v, scale, keep, softcap, sink):
     """One sequence, BSHD (Lq, Hq, D) x (Lk, Hkv, D): out (Lq, Hq, Dv) and natural-log LSE (Hq, Lq); the sink one
     more column of score sink_h and a zero value row (softmax.py apply_learnable_sink). Masked columns get P = 0
@@ -172,7 +159,7 @@ def _fake_fa4(tma_page=None):
         scale = common(q, learnable_sink, num_splits, softmax_scale)
         calls.append(dict(kind="dense", sink=learnable_sink is not None))
         lq, lk = q.shape[1], k.shape[1]
-        outs, lses = zip(*[_attend(q[b], k[b], v[b], scale, _keep(lq, lk, causal, *window_size), softcap,
+        outs, lses = zip(*[_attend(q[b], k[b], v[b], scale, fa4_keep(lq, lk, causal, *window_size), softcap,
                                    learnable_sink) for b in range(q.shape[0])])
         return torch.stack(outs), torch.stack(lses) if return_lse else None
 
@@ -195,7 +182,7 @@ def _fake_fa4(tma_page=None):
             out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
             lse = torch.full((q.shape[1], q.shape[0]), -INF)
             for q0, q1, k0, k1 in zip(cq, cq[1:], ck, ck[1:]):
-                o, l_ = _attend(q[q0:q1], k[k0:k1], v[k0:k1], scale, _keep(q1 - q0, k1 - k0, causal, *window_size),
+                o, l_ = _attend(q[q0:q1], k[k0:k1], v[k0:k1], scale, fa4_keep(q1 - q0, k1 - k0, causal, *window_size),
                                 softcap, learnable_sink)
                 out[q0:q1], lse[:, q0:q1] = o, l_
             return out, lse if return_lse else None
@@ -221,7 +208,7 @@ def _fake_fa4(tma_page=None):
             else:
                 rows, kb, vb = n, k[i, :n], v[i, :n]
             keep = torch.zeros(lq, rows, dtype=torch.bool)
-            keep[:, :n] = _keep(lq, n, causal, *window_size)
+            keep[:, :n] = fa4_keep(lq, n, causal, *window_size)
             o, l_ = _attend(q[i], kb, vb, scale, keep, softcap, learnable_sink)
             outs.append(o)
             lses.append(l_)
@@ -365,25 +352,11 @@ def _table(size, n):
 
 # ------------------------------------------------------------------------------------------ on an H200
 
-def _fa4_missing():
-    return get("flash-attn4").unavailable_reason()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("prop", SERVING)
 def test_flash_attn4_serving_properties_on_the_gpu(prop, tmp_path):
     """The real library (SM90) at the ci profile: each property passes, or fails only with a declared finding."""
-    why = _fa4_missing()
-    if why:
-        pytest.skip(f"flash-attn4 is unavailable here: {why}")
-    a = get("flash-attn4")
-    try:
-        run = _run(prop, a, tmp_path, n=8)
-    except AssertionError as e:
-        outcome = a.classify(prop, str(e))[0]
-        assert outcome == "known", str(e)[:4000]
-        return
-    assert run.statuses.get("passed", 0) >= 1, run.statuses
+    judged_on_the_real_library(get("flash-attn4"), prop, tmp_path / prop)
 
 
 def test_f18_is_declared_on_the_sink_property_too_and_only_f18():

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import _fake_flashinfer
+from _judged import judged_on_the_real_library
 from attnverify.adapters import flashinfer_layout as lay
 from attnverify.adapters import flashinfer_paged
 from attnverify.adapters.base import Adapter
@@ -211,11 +212,4 @@ def test_wrong_glue_is_caught(fake, monkeypatch, wrong, prop, says):
 @pytest.mark.gpu
 @pytest.mark.parametrize("prop", ["paged_equals_contiguous", "kv_cache_append", "batch_invariance", "sinks_paged"])
 def test_real_flashinfer_serving_properties(prop, tmp_path):
-    why = FI.unavailable_reason()
-    if why is not None:
-        pytest.skip(f"flashinfer unavailable here: {why}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run = run_property(get_property(prop), FI, profile="ci", seed=0, database=None, report_dir=str(tmp_path),
-                           max_examples=8)
-    assert run.statuses.get("passed", 0) >= 3, run.statuses
+    judged_on_the_real_library(FI, prop, tmp_path, min_passed=3)

@@ -18,6 +18,8 @@ import warnings
 import pytest
 import torch
 
+from _judged import judged_on_the_real_library
+
 from attnverify.adapters import te_adapter
 from attnverify.adapters.base import Adapter
 from attnverify.adapters.registry import get
@@ -125,11 +127,4 @@ def test_old_transformer_engine_is_refused_sinks_saying_why(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("prop", ["sinks_match_reference", "sink_as_extra_key", "sink_limits"])
 def test_real_transformer_engine_sinks(prop, tmp_path):
-    why = TE.unavailable_reason()
-    if why is not None:
-        pytest.skip(f"te unavailable here: {why}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run = run_property(get_property(prop), TE, profile="ci", seed=0, database=None, report_dir=str(tmp_path),
-                           max_examples=8)
-    assert run.statuses.get("passed", 0) >= 3, run.statuses
+    judged_on_the_real_library(TE, prop, tmp_path, min_passed=3)

@@ -17,6 +17,8 @@ import warnings
 import pytest
 import torch
 
+from _judged import judged_on_the_real_library
+
 from attnverify.adapters import xformers_adapter
 from attnverify.adapters.base import Adapter
 from attnverify.adapters.registry import get
@@ -112,11 +114,4 @@ def test_glue_sending_gqa_gradients_to_the_5d_form_fails(fake_xformers, monkeypa
 @pytest.mark.gpu
 @pytest.mark.parametrize("prop", ["gqa_equals_repeated_kv", "gradients_match_reference"])
 def test_real_xformers_gqa(prop, tmp_path):
-    why = XF.unavailable_reason()
-    if why is not None:
-        pytest.skip(f"xformers unavailable here: {why}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run = run_property(get_property(prop), XF, profile="ci", seed=0, database=None, report_dir=str(tmp_path),
-                           max_examples=8)
-    assert run.statuses.get("passed", 0) >= 3, run.statuses
+    judged_on_the_real_library(XF, prop, tmp_path, min_passed=3)

@@ -23,8 +23,10 @@ def _why(cfg: dict, adapter) -> Optional[str]:
     for mult in (1, 2, 4):
         n = cfg["n"] * mult
         if n > c.max_seqlen:
+            from ._memory_scaling import N_MIN
+
             return (f"{adapter.name} claims max_seqlen={c.max_seqlen}: memory_scaling needs N, 2N and 4N keys "
-                    f"with N >= 16 (4N = {4 * cfg['n']})")
+                    f"with N >= {N_MIN} (4N = {4 * cfg['n']})")
         # a probe on the CPU with the shape of the call (the parent never starts CUDA); the device it stands for
         shape = (cfg["batch"], cfg["heads"], n, cfg["head_dim"])
         t = torch.zeros(1, dtype=dt).expand(*shape)

@@ -14,6 +14,9 @@ from .base import ExampleResult, Property
 from ..devices import cuda_present
 from ._guards import _interpreted_triton, _skipped
 
+N_MIN = 64  # the smallest N measured (4N = 256 keys)
+
+
 class MemoryScaling(Property):
     name = "memory_scaling"
     doc = ("For adapters claiming memory='linear': the peak extra memory of a call at N, 2N and 4N has no N x N "
@@ -51,7 +54,11 @@ class MemoryScaling(Property):
         # large enough that one score matrix dwarfs fixed workspaces and their size steps (SDPA FLASH on the
         # CPU changes its split size at 1024 keys), small enough for the Triton interpreter on a CPU
         n0 = 2048 if dev == "cuda" else 512
-        while 4 * n0 > c.max_seqlen and n0 > 16:
+        # at least N_MIN: below it one score matrix at 4N is the size of a correct kernel's workspace steps, and
+        # the fit read those as an N x N part: a correct chunked kernel failed at N = 16 in float32 (5 KiB of
+        # quadratic part, 2 KiB allowed) and at N = 32 in bfloat16 fwd+bwd (per-chunk 5 KiB buffers alive at the
+        # peak: 2, 3, 7 of them for 2, 4, 8 chunks; 4 KiB allowed)
+        while 4 * n0 > c.max_seqlen and n0 > N_MIN:
             n0 //= 2
         heads = 8 if dev == "cuda" else 1  # one head on a CPU: the Triton interpreter's time grows with (N/64)^2 * heads
         causal = next((m for m in c.causal if m != "none"), None)

@@ -35,6 +35,11 @@ def last_refusal(adapter_name: str) -> Optional[str]:
     return _LAST_REFUSAL.get(adapter_name)
 
 
+def note_refusal(adapter_name: str, why: str) -> None:
+    """Record why the adapter's claims or `refuses` turned down a draw (the cache strategies call this too)."""
+    _LAST_REFUSAL[adapter_name] = why
+
+
 def forget_refusal(adapter_name: str) -> None:
     """Clear the record, so that a later skip says why *this* property's draws were refused."""
     _LAST_REFUSAL.pop(adapter_name, None)

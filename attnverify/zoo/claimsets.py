@@ -3,7 +3,9 @@
 `claim_sets()` draws the keywords of `@av.adapter` -- dtype subsets (single half types included), head
 dims as tuples (one value included) and predicates, max_seqlen down to 1, every subset of causal
 alignments, each feature flag, fully_masked, tiles, memory, `refuses` callables and known_failures with
-and without `match` -- as JSON-able descriptions. `strict_adapter(desc)` makes an adapter with those
+and without `match`; in the wide slice also the serving claims (KV caches, page sizes, append, left
+padding, num_splits, sinks, chunked attention) and fp8 dtypes with or without descales -- as JSON-able
+descriptions. `strict_adapter(desc)` makes an adapter with those
 claims around a correct implementation (naive) that RAISES on any call it does not claim, so a property
 that sends an unclaimed case is caught; `strict_adapter(desc, bug=...)` wraps a zoo engine with one bug.
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -101,13 +104,19 @@ def claim_sets(draw, *, wide: bool = False):
         "sinks": draw(st.booleans()) if wide else False,
         "attention_chunk": draw(st.booleans()) if wide else False,
     })
-    # fp8 (issue 23) is not drawn yet: one more draw here shifts the wide slice onto claim sets (kv_cache with
-    # attn_mask, refuses with lse_merge) whose serving-property failures are not fp8's (reported to the lead);
-    # the fp8 properties have their own tests (tests/test_fp8.py)
-    desc["descales"] = False
-    # cache_leftpad (issue 22) is not drawn yet either, for the same reason (one more draw moves the wide slice);
-    # tests/test_leftpad.py runs a user's claim set with it through the plugin
-    desc["cache_leftpad"] = False
+    # fp8 (issue 23), wide slice only: one or both fp8 dtypes beside the others turn on the fp8 properties,
+    # descales (which need an fp8 dtype) half the time. cache_leftpad (issue 22) where a KV cache is drawn (it
+    # needs one). Both were once left undrawn because drawing them moved the wide slice onto claim sets that
+    # failed; the causes were the suite's and are fixed, each with a test in tests/test_claim_fuzz_serving.py:
+    # memory_scaling read a correct 'linear' kernel's workspace steps as N x N at N = 16, 32 (it starts at 64),
+    # the strict adapter's 64-row chunks held all N x N scores at N <= 64 (16 rows now) and hid causal_top_left
+    # from causal_alignment (a wrong implementation is not chunked), and an all-refused claim set's cache draws
+    # built whole cases to ask `refuses` (the probe has no values now: 68 s per cache property before)
+    fp8_sets = ([], ["float8_e4m3fn"], ["float8_e5m2"], ["float8_e4m3fn", "float8_e5m2"])
+    fp8 = draw(st.sampled_from(fp8_sets)) if wide else []
+    desc["dtypes"] = desc["dtypes"] + fp8
+    desc["descales"] = bool(fp8) and draw(st.booleans())
+    desc["cache_leftpad"] = cache != "none" and draw(st.booleans())
     if draw(st.booleans()):
         prop = draw(st.sampled_from(KNOWN_PROPS))
         desc["known"] = {"property": prop, "match": draw(st.sampled_from(MATCHES))}
@@ -133,9 +142,11 @@ def _fully_masked_nan(out, lse, dead):
     return out, lse
 
 
-def _chunked(fn, q, k, v, spec, rows: int = 64):
+def _chunked(fn, q, k, v, spec, rows: int = 16):
     """Query rows in chunks, each recomputed in backward (checkpoint): no Lq x Lk buffer lives at once.
-    Only plain specs (causal at most) take this path; the chunk's causal rows become a bool mask."""
+    Only plain specs (causal at most) take this path; the chunk's causal rows become a bool mask.
+    `rows` stays well below memory_scaling's smallest N (64, N_MIN): chunks as long as N would make a call one chunk
+    holding the whole N x N scores (64-row chunks once failed this correct 'linear' claim at 4N = 64 or 128)."""
     from torch.utils.checkpoint import checkpoint
 
     lq, lk = q.shape[2], k.shape[2]
@@ -191,7 +202,7 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
     kw["head_dims"] = HEAD_DIM_PREDICATES[hd] if isinstance(hd, str) else tuple(hd)
     if desc.get("tiles"):
         kw["tiles"] = tuple(desc["tiles"])
-    for k in ("kv_cache", "paged", "append", "sinks", "attention_chunk", "descales"):
+    for k in ("kv_cache", "paged", "append", "cache_leftpad", "sinks", "attention_chunk", "descales"):
         if desc.get(k):
             kw[k] = True
     if desc.get("num_splits"):
@@ -212,7 +223,10 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
         if why:
             raise UnclaimedCall(f"{holder['a'].name} was called outside its claims: {why}")
         s = spec.replace(return_lse=True)
-        res = _chunked(impl, q, k, v, s) if desc["memory"] == "linear" and _plain(spec) else impl(q, k, v, s)
+        # only the correct implementation is chunked: the chunks make causal rows a bool mask, which hid the
+        # causal_top_left bug from causal_alignment (a wrong implementation gets the call as it comes)
+        chunk = bug is None and desc["memory"] == "linear" and _plain(spec)
+        res = _chunked(impl, q, k, v, s) if chunk else impl(q, k, v, s)
         out, lse = res.out, res.lse if spec.return_lse else None
         if desc["fully_masked"] == "nan":
             out, lse = _fully_masked_nan(out, lse, torch.isneginf(res.lse.detach()))
@@ -253,12 +267,13 @@ def bug_observable(bug: str, desc: dict) -> Optional[str]:
 def run_claim_set(desc: dict, properties, *, max_examples: int, bug: Optional[str] = None,
                   report_dir: str = "reports/claimfuzz", use_corpus: bool = True) -> List[dict]:
     """Every property on the strict adapter of `desc`: [{property, outcome, message}], outcome one of
-    passed / skipped / failed / error (classified by the adapter: known / xpass as well)."""
+    passed / skipped / failed / error (classified by the adapter: known / xpass as well), and the seconds it took."""
     from ..properties.driver import PropertySkipped, run_property
 
     a = strict_adapter(desc, bug=bug)
     rows = []
     for p in properties:
+        t0 = time.perf_counter()
         try:
             run_property(p, a, profile="ci", seed=0, max_examples=max_examples, database=None,
                          report_dir=report_dir, use_corpus=use_corpus, shrink_budget_s=2.0)
@@ -270,7 +285,8 @@ def run_claim_set(desc: dict, properties, *, max_examples: int, bug: Optional[st
             msg = str(e) + ("\n" + note if note and outcome == "failed" else "")
         except Exception as e:  # noqa: BLE001 - the suite's own error: what the fuzz is looking for
             outcome, msg = "error", f"{type(e).__name__}: {e}"
-        rows.append({"property": p.name, "outcome": outcome, "message": msg})
+        rows.append({"property": p.name, "outcome": outcome, "message": msg,
+                     "seconds": round(time.perf_counter() - t0, 2)})
     return rows
 
 
