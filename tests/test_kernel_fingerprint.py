@@ -43,6 +43,26 @@ def test_compare_counts_each_kind_of_difference(capsys):
     assert "1 identical, 3 differing" in out
 
 
+IR = """    %cst = arith.constant dense<0xFF800000> : tensor<16xf32>
+    %cst_0 = arith.constant dense<0.000000e+00> : tensor<16xf32>
+    %1 = arith.cmpf oeq, %0, %cst : tensor<16xf32>
+    %2 = arith.select %1, %cst_0, %0 : tensor<16xi1>, tensor<16xf32>"""
+
+
+def test_ttgir_hash_ignores_only_the_order_of_constants():
+    kfp = _tool()
+    swapped = IR.replace("%cst_0", "%cst_X").replace("%cst ", "%cst_0 ").replace("%cst :", "%cst_0 :").replace(
+        "%cst_X", "%cst")
+    lines = swapped.splitlines()
+    reordered = "\n".join([lines[1], lines[0], *lines[2:]])  # the same constants, declared the other way round
+    assert reordered != IR and kfp._constants_at_uses(reordered) == kfp._constants_at_uses(IR)
+    assert kfp._constants_at_uses(IR.replace("0.000000e+00", "1.000000e+00")) != kfp._constants_at_uses(IR)  # a value
+    wrong_use = IR.replace("arith.select %1, %cst_0, %0", "arith.select %1, %cst, %0")  # a use of the other constant
+    assert kfp._constants_at_uses(wrong_use) != kfp._constants_at_uses(IR)
+    twice = IR + "\n    %cst = arith.constant dense<1.0> : tensor<16xf32>"
+    assert kfp._constants_at_uses(twice) == twice  # ambiguous: hashed as it is
+
+
 def test_compare_cli_exit_status(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(_doc({"fwd.x/_attn_fwd": H1})))
