@@ -175,10 +175,13 @@ def _against(ref: str, argv_rest: list, here: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="kfp_ref_") as tmp:
         src = os.path.join(tmp, "src")
         os.makedirs(src)
-        archive = subprocess.run(["git", "-C", here, "archive", ref, "attnverify"], capture_output=True, check=True)
+        rev = subprocess.run(["git", "-C", here, "rev-parse", "--short", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                             capture_output=True, text=True).stdout.strip()
+        if not rev:
+            sys.exit(f"kernel_fingerprint --against {ref}: not a commit of the repository at {here}; give a branch, "
+                     f"tag or commit (e.g. --against main)")
+        archive = subprocess.run(["git", "-C", here, "archive", rev, "attnverify"], capture_output=True, check=True)
         subprocess.run(["tar", "-x", "-C", src], input=archive.stdout, check=True)
-        rev = subprocess.run(["git", "-C", here, "rev-parse", "--short", ref], capture_output=True, text=True,
-                             check=True).stdout.strip()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([src] + [p for p in os.environ.get("PYTHONPATH", "").split(
             os.pathsep) if p and os.path.abspath(p) != here]))
         out = os.path.join(tmp, "ref.json")
@@ -196,7 +199,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="comma list of globs over 'family.name' (fwd.*, fp8.*, bwd.*, "
                                                "decode.*); default: all")
-    ap.add_argument("--dump", default="", help="folder to write each kernel's PTX and TTGIR into")
+    ap.add_argument("--dump", default="", help="folder to write each kernel's PTX and TTGIR into (--against: "
+                                               "the REF side's into DIR/against)")
     ap.add_argument("--json", default="", help="also write the results to this JSON file")
     ap.add_argument("--against", default="", metavar="REF", help="git ref to compare this checkout with; exit 1 "
                                                                  "if any kernel differs")
@@ -221,7 +225,9 @@ def main(argv=None) -> int:
         sys.exit("kernel_fingerprint: unset TRITON_INTERPRET (it compiles, it does not interpret)")
     os.environ.setdefault("TRITON_DISABLE_LINE_INFO", "1")
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    ref = _against(args.against, (["--only", args.only] if args.only else []), here) if args.against else None
+    rest = (["--only", args.only] if args.only else []) + (["--dump", os.path.join(args.dump, "against")]
+                                                          if args.dump else [])
+    ref = _against(args.against, rest, here) if args.against else None
     cache = tempfile.mkdtemp(prefix="kfp_cache_")
     atexit.register(shutil.rmtree, cache, True)
     os.environ["TRITON_CACHE_DIR"] = cache  # fresh: nothing reused across runs or sides

@@ -99,3 +99,10 @@ def test_refuses_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, str(SCRIPT), "--only", "decode.*"], env=env, capture_output=True, text=True)
     assert r.returncode != 0 and "unset TRITON_INTERPRET" in r.stderr
+
+
+def test_against_names_a_ref_that_is_not_a_commit():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--against", "no-such-ref-kfp"], env=env, capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode != 0 and "--against no-such-ref-kfp: not a commit" in r.stderr
