@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import LN2, LOG2E, _lowp
+from .common import LN2, LOG2E, _lowp, _safe_max
 
 
 @triton.jit(do_not_specialize=["HEAD_DIM_V"])
@@ -44,7 +44,7 @@ def _combine(
     if HAS_SINKS:  # the sink: a partial of LSE = its logit and output 0
         sink2 = tl.load(SINKS + head, mask=row_ok, other=0.0).to(tl.float32) * LOG2E
         m = tl.maximum(m, sink2)
-    m_use = tl.where(m == float("-inf"), 0.0, m)
+    m_use = _safe_max(m)
     w = tl.math.exp2(lse - m_use[:, None])  # 0 for -inf partials
     l_sum = tl.sum(w, 1)
     if HAS_SINKS:

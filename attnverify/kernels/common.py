@@ -9,7 +9,9 @@
 - `_scores`: raw q.k -> scores in log2 units with softcap, ALiBi and the visibility masks (`_visible`).
 - `_load_kv`: the forward key loop's K^T and V tiles (masked past Lk, padded head dims), for the plain
   loop (`flash_fwd._fwd_inner`) and the speed variants' (`flash_fwd_variants._fwd_inner_v`).
-- `_rescale`: the online softmax's factor for a new running max, never forming `-inf - -inf`.
+- `_safe_max`: a running max to subtract, -inf read as 0 (so `-inf - -inf` is never formed), and `_rescale`,
+  the online softmax's factor for a new running max built on it: the forward's loops and sink, the decode
+  kernel's loop and sink (`decode._decode_partial`) and the split-KV combine (`combine._combine`).
 - `_lowp`, `_dot`, `_tanh`: dtype conversion, dots, tanh that also run under the interpreter.
 
 Nothing here touches a GPU at import.
@@ -251,9 +253,15 @@ def _load_kv(k_base, v_base, offs_n, offs_d, offs_dv, stride_kn, stride_kk, stri
 
 
 @triton.jit
+def _safe_max(m):
+    """A row's running max as the value to subtract from its scores: -inf (no visible key yet, or an inf in q or k)
+    read as 0, so that -inf - -inf, a NaN, is never formed (the row's exponentials are then exp2(-inf) = 0)."""
+    return tl.where(m == float("-inf"), 0.0, m)
+
+
+@triton.jit
 def _rescale(m_i, m_new):
     """Online softmax, a row's running max going from m_i to m_new (log2 units) -> (m_use, alpha): P is computed
-    against m_use (m_new, with -inf read as 0) and what was summed against m_i is multiplied by alpha. A row's
-    max can be -inf (no visible key yet, or an inf in q or k): -inf - -inf, a NaN, is never formed."""
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    against m_use (`_safe_max(m_new)`) and what was summed against m_i is multiplied by alpha."""
+    m_use = _safe_max(m_new)
     return m_use, tl.math.exp2(m_i - m_use)

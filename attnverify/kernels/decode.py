@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import LN2, LOG2E, _dot, _lowp, _scores
+from .common import LN2, LOG2E, _dot, _lowp, _rescale, _scores
 
 
 @triton.jit(do_not_specialize=["HEAD_DIM", "HEAD_DIM_V", "page_size", "new_len", "splits", "split_target"])
@@ -139,8 +139,7 @@ def _decode_partial(
                         scale, qk_scale, softcap_scale, softcap_c2,
                         True, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI)
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # never -inf - -inf
-        alpha = tl.math.exp2(m_i - m_use)
+        m_use, alpha = _rescale(m_i, m_new)  # never -inf - -inf
         p = tl.math.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + _dot(_lowp(p, v.dtype, UPCAST), v, UPCAST, IEEE)
@@ -149,8 +148,7 @@ def _decode_partial(
     if HAS_SINKS and DIRECT:  # the sink: one more score (its raw logit) over a zero value, in the denominator
         sink2 = tl.load(SINKS + head, mask=row_ok, other=0.0).to(tl.float32) * LOG2E
         m_fin = tl.maximum(m_i, sink2)
-        m_fin_use = tl.where(m_fin == float("-inf"), 0.0, m_fin)
-        alpha = tl.math.exp2(m_i - m_fin_use)
+        m_fin_use, alpha = _rescale(m_i, m_fin)
         acc = acc * alpha[:, None]
         l_i = l_i * alpha + tl.math.exp2(sink2 - m_fin_use)
         m_i = m_fin

@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import _dot, _load_kv, _lowp, _rescale, _scores, _visible
+from .common import _dot, _load_kv, _lowp, _rescale, _safe_max, _scores, _visible
 
 RESCALE_TAU = tl.constexpr(8.0)  # log2 units: P <= 256 between rescales
 
@@ -68,7 +68,7 @@ def _fwd_inner_v(acc, l_i, m_i, q, k_base, v_base, DESC_K, DESC_V, b_idx, off_hk
                 l_i = l_i * alpha
                 acc = acc * alpha[:, None]
                 m_i = m_new
-            m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
+            m_use = _safe_max(m_i)
         else:
             m_use, alpha = _rescale(m_i, m_new)
             l_i = l_i * alpha
