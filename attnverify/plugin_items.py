@@ -118,6 +118,11 @@ class PropertyItem(pytest.Item):
                 pytest.xfail(f"known finding: {known}")
             _record().store_evidence(s.runner, self.adapter, fail, info.get("case_file"))
             raise AttnFailure(msg) from None
+        except KeyboardInterrupt as e:  # Ctrl-C, or `attnverify run` stopped by SIGTERM: the results so far stand
+            info.update(outcome="stopped", status="stopped", message=(
+                f"stopped ({type(e).__name__}{': ' + str(e) if str(e) else ''}) after {state['examples']} example(s); "
+                "the results judged before the stop are in the journal, the example being judged then was not finished"))
+            raise
         except BaseException as e:
             skipped = isinstance(e, pytest.skip.Exception) or type(e).__name__ in ("PropertySkipped", "SkipTest")
             info.update(outcome="skipped" if skipped else "error", message=f"{type(e).__name__}: {e}")
@@ -131,7 +136,8 @@ class PropertyItem(pytest.Item):
                 info["judged_in_process"] = n_in_process
             s.journal.write({"event": "test_end", **info})
             self.user_properties.append(("attnverify", info))
-            _record().probe_conventions(s.runner, s.journal, self.adapter, s.device, s.probed)
+            if info["outcome"] != "stopped":  # a stopped run calls no adapter again
+                _record().probe_conventions(s.runner, s.journal, self.adapter, s.device, s.probed)
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, AttnFailure):
