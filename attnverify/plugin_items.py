@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import time
 from typing import Any, Dict
 
@@ -136,7 +137,8 @@ class PropertyItem(pytest.Item):
                 info["judged_in_process"] = n_in_process
             s.journal.write({"event": "test_end", **info})
             self.user_properties.append(("attnverify", info))
-            if info["outcome"] != "stopped":  # a stopped run calls no adapter again
+            # a stopped run calls no adapter again (a stop may also come while a failure is being recorded)
+            if info["outcome"] != "stopped" and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
                 _record().probe_conventions(s.runner, s.journal, self.adapter, s.device, s.probed)
 
     def repr_failure(self, excinfo, style=None):

@@ -142,7 +142,7 @@ def _stop_and_watch(tmp_path: Path, how: str, n: int, sig: int):
             proc.poll()
             left = _session(sid)
             took = time.time() - t0
-        print(f"{how} -n {n}: nothing left {took:.1f} s after {signal.Signals(sig).name}")
+        print(f"{how} -n {n}: {len(left)} process(es) left {took:.1f} s after {signal.Signals(sig).name}")
     finally:
         for pid in _session(sid):  # whatever is left (the test then fails): never leave it computing
             try:
