@@ -64,7 +64,8 @@ Per event:
     run_end     (one per run, written by the controlling process)
         exit_status int (pytest's), seconds float, counts {"passed": n, "failed": n, "skipped": n, ...}
 
-A run stopped by Ctrl-C or SIGTERM has a run_end with exit_status 2; a run that was killed has none, and a case_start with no later result of the same test in that
+A run stopped by Ctrl-C or SIGTERM has a run_end with exit_status 2; a run that was killed has none,
+and a case_start with no later result of the same test in that
 run names the example that killed it (`dangling_cases`).
 
 Saved cases: `reports/cases/<id>.json`, <id> = sha1(property, adapter, drawn)[:12], holds

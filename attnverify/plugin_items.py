@@ -73,8 +73,10 @@ class PropertyItem(pytest.Item):
                 state["examples"] += 1
                 drawn_by_index[ev.get("index", state["examples"])] = ev.get("drawn")
                 state["last_start"] = ev
-            elif ev.get("event") == "result" and not ev.get("passed", True) and ev.get("status") != "skipped":
-                state["last_fail"] = ev
+            elif ev.get("event") == "result":
+                state["judged"] = state.get("judged", 0) + 1
+                if not ev.get("passed", True) and ev.get("status") != "skipped":
+                    state["last_fail"] = ev
             s.journal.write(ev)
 
         info = {"property": self.prop.name, "adapter": self.adapter.name, "test": self.nodeid,
@@ -121,8 +123,9 @@ class PropertyItem(pytest.Item):
             raise AttnFailure(msg) from None
         except KeyboardInterrupt as e:  # Ctrl-C, or `attnverify run` stopped by SIGTERM: the results so far stand
             info.update(outcome="stopped", status="stopped", message=(
-                f"stopped ({type(e).__name__}{': ' + str(e) if str(e) else ''}) after {state['examples']} example(s); "
-                "the results judged before the stop are in the journal, the example being judged then was not finished"))
+                f"stopped ({type(e).__name__}{': ' + str(e) if str(e) else ''}) after {state.get('judged', 0)} judged "
+                "example(s); the results judged before the stop are in the journal, the example being judged then "
+                "was not finished"))
             raise
         except BaseException as e:
             skipped = isinstance(e, pytest.skip.Exception) or type(e).__name__ in ("PropertySkipped", "SkipTest")
