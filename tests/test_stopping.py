@@ -174,7 +174,7 @@ def _stop_and_watch(tmp_path: Path, how: str, n: int, sig: int):
     after = [r for r in recs if r["event"] == "result"]
     assert len(after) >= len(before) >= 1
     assert [json.dumps(r, sort_keys=True) for r in after[:len(before)]] == [json.dumps(r, sort_keys=True) for r in before]
-    return recs, took, log
+    return recs, proc.returncode, log
 
 
 def _assert_renders(tmp_path: Path, expect_status: str):
@@ -200,23 +200,26 @@ def _assert_stopped(recs, log):
 
 @pytest.mark.parametrize("n", [2, pytest.param(0, marks=pytest.mark.slow)])
 def test_sigterm_to_attnverify_run_leaves_nothing_and_keeps_every_result(tmp_path, n):
-    recs, took, log = _stop_and_watch(tmp_path, "run", n, signal.SIGTERM)
+    recs, code, log = _stop_and_watch(tmp_path, "run", n, signal.SIGTERM)
     _assert_stopped(recs, log)
+    assert code == cli.EXIT_STOPPED, (code, log[-2000:])
     html = _assert_renders(tmp_path, "stopped")
     assert 'id="stopped"' in html  # the banner says the run was stopped, not that it crashed
 
 
 @pytest.mark.parametrize("n", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_sigint_to_attnverify_run_leaves_nothing_and_keeps_every_result(tmp_path, n):
-    recs, took, log = _stop_and_watch(tmp_path, "run", n, signal.SIGINT)
+    recs, code, log = _stop_and_watch(tmp_path, "run", n, signal.SIGINT)
     _assert_stopped(recs, log)
+    assert code == cli.EXIT_STOPPED, (code, log[-2000:])
     _assert_renders(tmp_path, "stopped")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [0, 2])
 def test_sigkill_of_the_top_process_leaves_nothing(tmp_path, n):
-    recs, took, log = _stop_and_watch(tmp_path, "run", n, signal.SIGKILL)
+    recs, code, log = _stop_and_watch(tmp_path, "run", n, signal.SIGKILL)
+    assert code == -signal.SIGKILL
     assert not [r for r in recs if r["event"] == "run_end"]
     _assert_renders(tmp_path, "crashed")  # the example being judged is shown as the one the process died on
 
@@ -224,7 +227,8 @@ def test_sigkill_of_the_top_process_leaves_nothing(tmp_path, n):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_plain_pytest_with_xdist_leaves_nothing(tmp_path, sig):
-    recs, took, log = _stop_and_watch(tmp_path, "pytest", 2, sig)
+    recs, code, log = _stop_and_watch(tmp_path, "pytest", 2, sig)
+    assert code == (pytest.ExitCode.INTERRUPTED if sig == signal.SIGINT else -signal.SIGTERM)  # plain pytest dies of SIGTERM
     if sig == signal.SIGINT:
         _assert_stopped(recs, log)
 
