@@ -20,6 +20,7 @@ from typing import List, Optional
 from .devices import cuda_present
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_STOPPED = 130  # stopped by Ctrl-C or SIGTERM (pytest's "interrupted"), as a shell reports a Ctrl-C
 
 
 class CliUsageError(Exception):
@@ -134,14 +135,17 @@ def cmd_run(ns, extra: List[str]) -> int:
     before = os.environ.get("ATTNVERIFY_NO_HTML")
     if ns.no_html:  # the plugin renders reports/index.html at the end of the session unless told not to
         os.environ["ATTNVERIFY_NO_HTML"] = "1"
+    from .lifeline import SigtermStopsRun
+
     try:
-        code = int(pytest.main(args))
+        with SigtermStopsRun():  # SIGTERM stops the run as Ctrl-C does: what was judged is journaled and rendered
+            code = int(pytest.main(args))
     finally:  # called in-process (tests, notebooks): a later session in this process renders again
         if before is None:
             os.environ.pop("ATTNVERIFY_NO_HTML", None)
         else:
             os.environ["ATTNVERIFY_NO_HTML"] = before
-    return {0: EXIT_OK, 1: EXIT_FAILED, 4: EXIT_USAGE, 5: EXIT_USAGE}.get(code, EXIT_INTERNAL)
+    return {0: EXIT_OK, 1: EXIT_FAILED, 2: EXIT_STOPPED, 4: EXIT_USAGE, 5: EXIT_USAGE}.get(code, EXIT_INTERNAL)
 
 
 # ---------------------------------------------------------------------------------------- adapters

@@ -15,6 +15,9 @@ is a `runner(prop, adapter, drawn) -> ExampleResult` for the property driver:
   an object sent that the child lacks makes a fresh fork that holds it too;
 - a child that dies is recreated at the next request; a child that does not answer within
   `timeout` seconds is killed (SIGKILL) and recreated;
+- the child dies with its parent (attnverify.lifeline: PR_SET_PDEATHSIG on Linux, else a watcher
+  thread), so a killed run leaves no judge computing on; a run interrupted while a child judges (Ctrl-C,
+  KeyboardInterrupt) kills the child before the interruption goes on;
 - each result carries its time split (attnverify.timesplit), timed in the child; the parent adds
   `transfer`, its wait less the child's judging time (pipe, pickling, a fork);
 - the dead example becomes `ExampleResult(passed=False, status="crashed" | "timeout")` whose message
@@ -108,7 +111,12 @@ def _child_setup() -> None:
         pass
 
 
-def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None) -> None:  # in the forked child
+def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None,
+                lifeline: Optional[tuple] = None) -> None:  # in the forked child
+    if lifeline:  # first thing: a child of a killed parent must not judge on alone (attnverify.lifeline)
+        from .lifeline import die_with_parent
+
+        die_with_parent(lifeline[0], forked_from_main_thread=lifeline[1])
     _child_setup()
     if fault_path:  # a fatal signal's Python stack goes to a file the parent quotes (not to the terminal)
         import faulthandler
@@ -177,7 +185,11 @@ class SubprocessRunner:
 
         fd, self._fault_path = tempfile.mkstemp(prefix="attnverify-fault-", suffix=".txt")
         os.close(fd)
-        proc = ctx.Process(target=_child_main, args=(child, objects, self._fault_path), daemon=True,
+        import threading
+
+        # the child dies with this process (PR_SET_PDEATHSIG is tied to the forking thread: main thread only)
+        lifeline = (os.getpid(), threading.current_thread() is threading.main_thread())
+        proc = ctx.Process(target=_child_main, args=(child, objects, self._fault_path, lifeline), daemon=True,
                            name="attnverify-judge")
         proc.start()
         child.close()
@@ -251,6 +263,15 @@ class SubprocessRunner:
         return InProcessRunner()(prop, adapter, drawn)
 
     def __call__(self, prop, adapter, drawn) -> ExampleResult:
+        try:
+            return self._judge(prop, adapter, drawn)
+        except BaseException:
+            # interrupted (Ctrl-C, a SIGTERM turned into KeyboardInterrupt) while the child judges: its answer
+            # would be read as the next request's, and the user wants it stopped, so the child goes now
+            self._stop(kill=True)
+            raise
+
+    def _judge(self, prop, adapter, drawn) -> ExampleResult:
         pk, ak = id(prop), id(adapter)
         self._objects.setdefault(pk, prop)
         self._objects.setdefault(ak, adapter)

@@ -51,19 +51,21 @@ Per event:
         case        Case.to_dict() | null: id, seed, describe, shapes, dtype, device, recipe
     test_end    (one per (property, adapter) pytest item)
         property, adapter, test
-        outcome     "passed" | "failed" | "skipped" | "error"
+        outcome     "passed" | "failed" | "skipped" | "error" | "known" | "xpass" | "stopped" (Ctrl-C or SIGTERM:
+                    the examples judged before it are in the journal, the one being judged was not finished)
         seconds     wall time of the item;  examples: int, examples judged
         message     str, the failure (shrunk case, every failing output) or the skip reason
         case_file   str | null, reports/cases/<id>.json of the shrunk failing case
         repro       str | null, the command that replays it (`attnverify repro <case_file>`)
-        status      the failing example's status (failed | error | crashed | timeout) or null
+        status      the failing example's status (failed | error | crashed | timeout), "stopped", or null
     conventions (once per adapter and device in each process that judged it: probed by the judging child)
         adapter, device;  declared, observed: {"causal", "fully_masked", "lse", "nan"} -> str
         note        str: why the probe failed ("" when it ran)
     run_end     (one per run, written by the controlling process)
         exit_status int (pytest's), seconds float, counts {"passed": n, "failed": n, "skipped": n, ...}
 
-A run that was killed has no run_end; a case_start with no later result of the same test in that
+A run stopped by Ctrl-C or SIGTERM has a run_end with exit_status 2; a run that was killed has none,
+and a case_start with no later result of the same test in that
 run names the example that killed it (`dangling_cases`).
 
 Saved cases: `reports/cases/<id>.json`, <id> = sha1(property, adapter, drawn)[:12], holds

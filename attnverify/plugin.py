@@ -113,6 +113,11 @@ def pytest_configure(config):
 
     run_id = new_run_id()
     if winput:
+        from .lifeline import sigint_once, worker_dies_with_controller
+
+        # a worker left behind by a killed controller ends now, not 15 s later with its judge orphaned
+        worker_dies_with_controller(winput.get("attnverify_controller"))
+        sigint_once()
         seed = int(winput.get("attnverify_seed", seed))
         run_id = winput.get("attnverify_run_id", run_id)
     isolate = vals["attn_isolate"]
@@ -258,7 +263,8 @@ def pytest_sessionfinish(session, exitstatus):
             s.journal.write({"event": "run_end", "exit_status": int(session.exitstatus), "seconds": time.time() - s.t0,
                              "counts": counts, **({"untested": s.untested_lines} if s.untested_lines else {})})
         s.journal.close()
-    if not s.is_worker and s.outcomes and os.environ.get("ATTNVERIFY_NO_HTML") != "1":
+    stopped = int(session.exitstatus) == int(pytest.ExitCode.INTERRUPTED)  # what was judged before a stop is shown
+    if not s.is_worker and (s.outcomes or stopped) and os.environ.get("ATTNVERIFY_NO_HTML") != "1":
         # the HTML report, rendered from the journal just closed (reports read only journaled records)
         try:
             from .reports import render

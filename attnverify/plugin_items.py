@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import time
 from typing import Any, Dict
 
@@ -72,8 +73,10 @@ class PropertyItem(pytest.Item):
                 state["examples"] += 1
                 drawn_by_index[ev.get("index", state["examples"])] = ev.get("drawn")
                 state["last_start"] = ev
-            elif ev.get("event") == "result" and not ev.get("passed", True) and ev.get("status") != "skipped":
-                state["last_fail"] = ev
+            elif ev.get("event") == "result":
+                state["judged"] = state.get("judged", 0) + 1
+                if not ev.get("passed", True) and ev.get("status") != "skipped":
+                    state["last_fail"] = ev
             s.journal.write(ev)
 
         info = {"property": self.prop.name, "adapter": self.adapter.name, "test": self.nodeid,
@@ -118,6 +121,12 @@ class PropertyItem(pytest.Item):
                 pytest.xfail(f"known finding: {known}")
             _record().store_evidence(s.runner, self.adapter, fail, info.get("case_file"))
             raise AttnFailure(msg) from None
+        except KeyboardInterrupt as e:  # Ctrl-C, or `attnverify run` stopped by SIGTERM: the results so far stand
+            info.update(outcome="stopped", status="stopped", message=(
+                f"stopped ({type(e).__name__}{': ' + str(e) if str(e) else ''}) after {state.get('judged', 0)} judged "
+                "example(s); the results judged before the stop are in the journal, the example being judged then "
+                "was not finished"))
+            raise
         except BaseException as e:
             skipped = isinstance(e, pytest.skip.Exception) or type(e).__name__ in ("PropertySkipped", "SkipTest")
             info.update(outcome="skipped" if skipped else "error", message=f"{type(e).__name__}: {e}")
@@ -131,7 +140,9 @@ class PropertyItem(pytest.Item):
                 info["judged_in_process"] = n_in_process
             s.journal.write({"event": "test_end", **info})
             self.user_properties.append(("attnverify", info))
-            _record().probe_conventions(s.runner, s.journal, self.adapter, s.device, s.probed)
+            # a stopped run calls no adapter again (a stop may also come while a failure is being recorded)
+            if info["outcome"] != "stopped" and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+                _record().probe_conventions(s.runner, s.journal, self.adapter, s.device, s.probed)
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, AttnFailure):

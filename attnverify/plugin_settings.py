@@ -60,6 +60,15 @@ class _XdistHooks:
     def pytest_configure_node(self, node):
         node.workerinput["attnverify_seed"] = self.s.seed
         node.workerinput["attnverify_run_id"] = self.s.run_id
+        from .lifeline import controller_identity  # the worker dies with this process (attnverify.lifeline)
+
+        node.workerinput["attnverify_controller"] = controller_identity()
+
+    def pytest_keyboard_interrupt(self, excinfo):
+        if not self.s.is_worker:  # the controller stops: so do its workers, now (attnverify.lifeline)
+            from .lifeline import interrupt_children
+
+            interrupt_children()
 
 
 def _load_properties(config, s: Settings) -> None:

@@ -216,13 +216,9 @@ def _shard_code(rc: int) -> int:
 
 def _child_main(argv: List[str]) -> int:  # python -m attnverify.ray_run PARENT_PID run ...
     parent = int(argv[0])
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
+    from .lifeline import parent_death_signal
 
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except Exception:  # noqa: BLE001 - best effort: without it a lost worker's run may go on alone
-            pass
+    parent_death_signal(signal.SIGKILL)  # best effort: without it a lost worker's run may go on alone
     if os.getppid() != parent:  # the worker died before the line above
         return 3
     from .cli import main

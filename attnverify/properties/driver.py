@@ -236,6 +236,8 @@ def _search(excluded, round_i, *, prop, adapter, profile, seed, max_examples, de
     try:
         test()
     except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):
+            raise  # a stop is a stop, even with a failure in hand (its results are journaled already)
         if state["last_fail"] is not None:
             drawn, res = state["last_fail"]
             state["explicit"] = isinstance(drawn, dict) and any(drawn == ex for ex in corpus)

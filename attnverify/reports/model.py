@@ -15,7 +15,7 @@ from ..journal import dangling_cases, describe_recipe, last_run, read_journal
 from .bugs import bug_section
 
 # worst first; known = a documented finding (xfail); xpass = a declared finding that did not reproduce (strict)
-ORDER = ("crashed", "timeout", "error", "failed", "xpass", "known", "passed", "skipped", "not run")
+ORDER = ("crashed", "timeout", "error", "failed", "xpass", "known", "passed", "skipped", "stopped", "not run")
 MANIFEST = "merged.json"
 
 
