@@ -117,7 +117,14 @@ benchmarks/repro_fa4.py without attnverify (docs/compatibility.md F17, F18):
   GQA, dK/dV rows >= 64) are wrong, output, LSE and non-GQA dK/dV right. A head-dim sweep confirmed
   the rule (wrong: 8, 16, 40, 48, 72, 80; right: 24, 32, 56, 64, 96, 128; deterministic True and False
   alike); D = 112 does not compile its backward (F21). attnverify first saw it as "dQ wrong with fully
-  masked rows" (Lq=65 Lk=2 D=16) and "GQA dK/dV wrong" (F19, D=16 and 72): the same bug.
+  masked rows" (Lq=65 Lk=2 D=16) and "GQA dK/dV wrong" (F19, D=16 and 72): the same bug. Not strict: a property
+  shows it only when it draws an affected D with more than 64 rows (the ci run of 2026-12-05 drew none on
+  fully_masked_rows and gradients_match_reference).
+
+The serving and sink properties' first H200 run (ci profile, 2026-12-05; flash_attn4_serving.py): paged calls at
+D = 40 raised FA4's "Paged KV does not support irregular head dim" (now refused by `refuses` and at call time,
+flash_attn4_serving.irregular_head_dim), and three sink properties found F37: the LSE +inf where a sink exceeds
+every score of its row by more than 88.72 (Softmax.finalize's float32 exp2 overflows), the output right.
 """
 from __future__ import annotations
 

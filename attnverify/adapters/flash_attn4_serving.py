@@ -70,9 +70,9 @@ claims below are SM90's and a call on another generation is refused at call time
   SM100/SM110'"; dsink is reduced in the dQ postprocess (`LearnableSinkBwdTensors(dpsum, lse,
   learnable_sink, dsink)`), varlen included. With seqlen_k == 0 the forward fills "lse == sink". A sink of
   -inf on a row without keys: `Softmax.finalize` gets row_sum = exp2(NaN), "if row_sum is zero or nan"
-  -> LSE -inf, output 0 (no sink). Predicted, not declared: finalize adds exp2(sink * LOG2_E -
-  row_max_scaled) in float32 against the keys' max, so a sink more than ~88 above every score overflows
-  (LSE +inf; the output, scaled by 1/inf, is 0).
+  -> LSE -inf, output 0 (no sink). Predicted here first, then measured on the H200 (2026-12-05, F37, declared in
+  flash_attn4.py): finalize adds exp2(sink * LOG2_E - row_max_scaled) in float32 against the keys' max, so a sink
+  more than 88.72 above every score overflows (LSE +inf; the output, scaled by 1/inf, is 0, which is right).
 - the LSE: "return_lse: ... The returned LSE supports taking gradient" (`_flash_attn_fwd` docstring; the
   backward takes `dlse`), so the adapter returns it attached: the sink's gradient has a dLSE term.
 - MLA `qv` and fp8 descales: SM100 only, not claimed. "assert arch // 10 in [10, 11], 'only support
