@@ -128,6 +128,22 @@ def describe(case) -> str:
     return " ".join(parts)
 
 
+def partial_pages_note(case) -> Optional[str]:
+    """For a paged case with garbage: which batches end inside a page (cache_seqlens plus the append not a multiple
+    of the page size), so that garbage shares a page -- a block a kernel may load whole -- with their last keys.
+    A line for failure messages (a declared finding's `match` can ask for it); None for other cases."""
+    s = case.spec
+    garbage = getattr(case.recipe, "garbage", "none") if case.recipe is not None else "none"
+    if s.block_table is None or s.cache_seqlens is None or garbage == "none":
+        return None
+    size = int(case.k.shape[1])
+    new = 0 if s.k_new is None else int(s.k_new.shape[2])
+    ends = [b for b, n in enumerate(_ints(s.cache_seqlens)) if (n + new) % size]
+    if not ends:
+        return "note: every batch ends on a page boundary: no garbage shares a page with a key"
+    return f"note: batch(es) {ends} end inside a page: the slots after their last key, in that page, hold {garbage}"
+
+
 # ------------------------------------------------------------------------------------------- recipes
 
 

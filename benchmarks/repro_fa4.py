@@ -1,8 +1,9 @@
-"""Standalone: FlashAttention-4 (flash_attn.cute, SM90 path) findings F17 and F18 (docs/compatibility.md).
+"""Standalone: FlashAttention-4 (flash_attn.cute, SM90 path) findings F17, F18 and F37 (docs/compatibility.md).
 
     pip install flash-attn-4                    # 4.0.0b36 was measured ("flash-attn-4[cu13]" with CUDA 13)
     python benchmarks/repro_fa4.py              # on an H100/H200; needs torch and flash_attn.cute only
     python benchmarks/repro_fa4.py hdim 16 64   # F18's head-dim sweep (default: 13 head dims)
+    python benchmarks/repro_fa4.py sink_lse     # F37: LSE +inf when a learnable sink tops its row by > 88.7
 
 Prints one JSON line per check. Every tensor is compared with a float64 reference computed here:
 rel_l2 and max_abs are the kernel's error, eager_rel_l2 that of the same formula run eagerly in the
@@ -23,6 +24,10 @@ Measured on an H200 (torch 2.11.0+cu130, flash-attn-4 4.0.0b36, nvidia-cutlass-d
   16, 40, 48, 72, 80 wrong from row 64 (dQ, dK, dV: rel L2 0.87-1.16, 71-74% of elements), D = 24, 32,
   56, 64, 96, 128 right (rel L2 <= 3.2e-4, below the eager fp16 error), D = 112: the backward does not
   compile (MLIRError "failed to partition (112,80) with tiled_mma", F21).
+- F37 (`sink_lse`, sinks' LSE overflow): attnverify's H200 run of 2026-12-05 saw LSE +inf against a finite
+  reference (0.7705 with scores near -1000; 87.54 and 99.34 with sinks of level 30), output right. Predicted from
+  softmax.py Softmax.finalize (row_sum += exp2(sink * log2(e) - row_max_scaled), float32): +inf once the sink
+  tops the row's max score by 88.72. This subcommand's own numbers: not yet run on the H200.
 """
 import json
 import math
@@ -204,12 +209,53 @@ def hdim_sweep(dims, l=256):
         torch.cuda.empty_cache()
 
 
+def sink_lse(dtypes=(F16, BF16), gaps=(0.0, 80.0, 88.0, 88.5, 89.0, 90.0, 100.0, 1000.0)):
+    """F37: a learnable sink `gap` above every score of its rows (each row's own max, float64 from the inputs). FA4's
+    Softmax.finalize adds exp2(sink * log2(e) - row_max * scale_log2) to the row sum in float32: predicted +inf (and
+    LSE +inf) where sink - row_max >= 128 ln 2 = 88.72. Prints the measured LSE against the float64 reference, the
+    output's error (the exact output is within e^-gap of 0 there), and the sink's gradient for dLSE = 1, dO = 0
+    (exact: the sum over rows of P_sink)."""
+    b, h, lq, lk, d = 1, 2, 64, 64, 32  # D=32: no F18 in the backward
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for dt in dtypes:
+        q, k, v = (torch.randn(b, n, h, d, device=DEV, generator=g).mul(0.5).to(dt) for n in (lq, lk, lk))
+        scale = d ** -0.5
+        s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * scale  # (b, h, lq, lk)
+        row_max = s.amax(-1)
+        for gap in gaps:
+            sink = (row_max.amax(dim=(0, 2)) + gap).float().requires_grad_()  # per head: gap above its best score
+            out, lse = flash_attn_func(q, k, v, softmax_scale=scale, learnable_sink=sink, return_lse=True)
+            try:
+                (dsink,) = torch.autograd.grad((out, lse), sink, (torch.zeros_like(out), torch.ones_like(lse)))
+                dsink = [r4(x) for x in dsink.tolist()]
+            except Exception as e:  # the forward's numbers still print
+                dsink = f"{type(e).__name__}: {str(e)[:200]}"
+            sk = sink.detach().double()[None, :, None, None].expand(b, h, lq, 1)
+            full = torch.cat([s, sk], -1)
+            ref_lse = full.logsumexp(-1)
+            p = torch.exp(full - ref_lse[..., None])
+            ref_out = torch.einsum("bhqk,bkhd->bqhd", p[..., :-1], v.double())
+            ref_dsink = p[..., -1].sum(dim=(0, 2))  # dLSE = 1, dO = 0: sum over rows of P_sink
+            margin = sk[..., 0] - row_max
+            emit(check=f"sink_lse {str(dt)[6:]} B={b} H={h} Lq=Lk={lq} D={d} sink = row max + {gap}",
+                 predicted_inf_rows=int((margin >= 128 * math.log(2)).sum()), rows=b * h * lq,
+                 lse_inf_rows=int(torch.isposinf(lse).sum()), lse_nan=int(lse.isnan().sum()),
+                 lse_first=r4(lse.flatten()[0].item()), ref_lse_first=r4(ref_lse.flatten()[0].item()),
+                 lse_max_abs_err_finite=r4((lse.double() - ref_lse)[torch.isfinite(lse)].abs().max().item())
+                 if torch.isfinite(lse).any() else None,
+                 out_max_abs_err=r4((out.double() - ref_out).abs().max().item()), out_nan=int(out.isnan().sum()),
+                 dsink=dsink, ref_dsink=[r4(x) for x in ref_dsink.tolist()])
+
+
 if __name__ == "__main__":
     import sys
 
     emit(torch=torch.__version__, gpu=torch.cuda.get_device_name(), capability=torch.cuda.get_device_capability())
     if sys.argv[1:2] == ["hdim"]:  # python benchmarks/repro_fa4.py hdim 16 32 48 ...
         hdim_sweep([int(x) for x in sys.argv[2:]] or [8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128])
+        sys.exit(0)
+    if sys.argv[1:2] == ["sink_lse"]:  # python benchmarks/repro_fa4.py sink_lse: F37, well under a minute
+        sink_lse()
         sys.exit(0)
     for fn, args in ((f17, ()), (f18, (True,)), (f18, (False,)), (f19, (True,)), (f19, (False,))):
         try:

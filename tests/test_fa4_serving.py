@@ -21,7 +21,7 @@ import warnings
 import pytest
 import torch
 
-from _fa4_mask import fa4_keep
+from _fa4_mask import fa4_keep, fa4_paged_head_dim_check
 from _judged import judged_on_the_real_library
 from attnverify.adapters import flash_attn4, flash_attn4_serving as fs
 from attnverify.adapters.base import Adapter
@@ -193,6 +193,7 @@ def _fake_fa4(tma_page=None):
             assert page_table.dtype == torch.int32 and page_table.stride(-1) == 1 and page_table.shape[0] == b
             assert k.dim() == 4 and k.shape[:3] == v.shape[:3] and k.shape[2] == v.shape[2]  # (pages, size, Hkv, D)
             size = k.shape[1]
+            fa4_paged_head_dim_check(q.shape[-1], v.shape[-1], size, causal, *window_size)  # flash_fwd_sm90.py:66
             calls.append(dict(kind="paged", sink=learnable_sink is not None, page_size=size))
         else:
             assert k.shape[0] == b, "k: (batch, seqlen_k, nheads_k, hdim)"
@@ -348,6 +349,50 @@ def _table(size, n):
         at += m
         rows.append(row + [pages[-1]] * (width - m))
     return rows
+
+
+def test_paged_calls_at_an_irregular_head_dim_are_refused_not_raised(fake, monkeypatch):
+    """FA4's SM90 forward asserts 'Paged KV does not support irregular head dim' (flash_fwd_sm90.py line 66: a D or
+    Dv not a multiple of 16 with pages not loaded by TMA, page_size != the key tile), as the stand-in does. The
+    adapter refuses those cases (never drawn) and those calls (NotImplementedError), and only those: D=40 with a
+    page of one key tile (128: TMA), D=48, and plain calls at D=40 go through."""
+    fa4 = get("flash-attn4")
+    a = _cpu(flash_attn4.flash_attn4)
+    for d, dv, size, causal, refused in ((40, 40, 1, "none", True), (40, 40, 7, "bottom_right", True),
+                                         (40, 40, 128, "none", False), (48, 48, 7, "none", False),
+                                         (64, 40, 7, "none", True), (88, 88, 128, "none", True),
+                                         (88, 88, 128, "bottom_right", False), (24, 24, 128, "bottom_right", False)):
+        n = 4 * -(-200 // size)
+        case = build_case(_recipe(head_dim=d, head_dim_v=dv, page_size=size, num_pages=n, block_table=_table(size, n),
+                                  garbage="huge", causal=causal, dtype="float16"))
+        why = fa4.refuses(case)
+        assert (why is not None and "irregular head dim" in why) == refused, (d, dv, size, causal, why)
+        case = build_case(_recipe(head_dim=d, head_dim_v=dv, page_size=size, num_pages=n, block_table=_table(size, n),
+                                  garbage="huge", causal=causal))  # float32 for the CPU stand-in
+        if refused:
+            with pytest.raises(NotImplementedError, match="irregular head dim"):
+                a(case.q, case.k, case.v, case.spec)
+            # the stand-in holds FA4's assert: without the adapter's refusal the call raises as the H200 run did
+            monkeypatch.setattr(fs, "irregular_head_dim", lambda *args: None)
+            with pytest.raises(AssertionError, match="Paged KV does not support irregular head dim"):
+                a(case.q, case.k, case.v, case.spec)
+            monkeypatch.undo()
+            fake()
+        else:
+            assert _judge("paged_equals_contiguous", a, case).passed, (d, dv, size, causal)
+    plain = build_case(CaseRecipe(batch=1, heads_q=2, heads_kv=2, len_q=3, len_k=9, head_dim=40, dtype="float16"))
+    assert fa4.refuses(plain) is None
+
+
+def test_paged_properties_run_at_irregular_head_dims_without_raising(fake, tmp_path):
+    """The run of 2026-12-05 shrank three properties to the assert at D=40; with the refusal, the same properties
+    through the stand-in (which raises as FA4 does) pass, never drawing a refused case."""
+    a = _cpu(flash_attn4.flash_attn4)
+    a = Adapter(name=a.name, fn=a.fn, refuses=a.refuses,
+                claims=dataclasses.replace(a.claims, head_dims=lambda d: d in (40, 24)))
+    for prop in ("paged_equals_contiguous", "batch_invariance"):
+        run = _run(prop, a, tmp_path, n=4)
+        assert run.statuses.get("passed", 0) >= 1, run.statuses
 
 
 # ------------------------------------------------------------------------------------------ on an H200

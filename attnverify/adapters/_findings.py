@@ -1,7 +1,21 @@
 """`match` patterns for known findings that several adapters share (known_failures={prop: {"why", "match"}}).
 
 Each is written against the message its property produces, so a declaration hides only that failure.
+`finding` and `combine` build a declaration and join two of one property.
 """
+
+
+def finding(why: str, match: str, strict: bool = True) -> dict:
+    """A declared finding; `strict=False` where a run may not show it (the reason says why): a pass is then a pass,
+    not a strict XPASS (docs/adapters.md, `known_failures`)."""
+    return {"why": why, "match": match} if strict else {"why": why, "match": match, "strict": False}
+
+
+def combine(*findings: dict) -> dict:
+    """Several findings of one property: either reason, either pattern; strict unless one of them is not."""
+    return finding("; ".join(f["why"] for f in findings), "|".join(f"(?:{f['match']})" for f in findings),
+                   strict=all(f.get("strict", True) for f in findings))
+
 
 # contract: k and v of different lengths accepted (the trial's own name in the contract property's message)
 DIFFERENT_KV = "k and v of different lengths"

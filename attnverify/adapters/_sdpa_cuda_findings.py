@@ -8,25 +8,13 @@ a declaration hides that failure and nothing else. Where one property has two fi
 from __future__ import annotations
 
 
-from ._findings import FULLY_MASKED_NOT_ZERO, OUTPUT_RIGHT
+from ._findings import FULLY_MASKED_NOT_ZERO, OUTPUT_RIGHT, combine, finding
 
 # the shrunk case's mask has a key dimension of 1: broadcast along the keys, e.g. bool(1, 1, 9, 1) or
 # float16(1, 2, 1, 1)
 _KEY_BROADCAST_CASE = r"shrunk case: [^\n]* mask=\w+\(\d+, \d+, \d+, 1\)"
 # judged (no error raised by the adapter or the property)
 _JUDGED = r"^(?![\s\S]*(?:\] ERROR:|the property raised))"
-
-
-def finding(why: str, match: str, strict: bool = True) -> dict:
-    """A declared finding; `strict=False` where a run may not show it (the reason says why): a pass is then a pass,
-    not a strict XPASS (docs/adapters.md, `known_failures`)."""
-    return {"why": why, "match": match} if strict else {"why": why, "match": match, "strict": False}
-
-
-def combine(*findings: dict) -> dict:
-    """Several findings of one property: either reason, either pattern; strict unless one of them is not."""
-    return finding("; ".join(f["why"] for f in findings), "|".join(f"(?:{f['match']})" for f in findings),
-                   strict=all(f.get("strict", True) for f in findings))
 
 
 F10 = finding(

@@ -117,7 +117,14 @@ benchmarks/repro_fa4.py without attnverify (docs/compatibility.md F17, F18):
   GQA, dK/dV rows >= 64) are wrong, output, LSE and non-GQA dK/dV right. A head-dim sweep confirmed
   the rule (wrong: 8, 16, 40, 48, 72, 80; right: 24, 32, 56, 64, 96, 128; deterministic True and False
   alike); D = 112 does not compile its backward (F21). attnverify first saw it as "dQ wrong with fully
-  masked rows" (Lq=65 Lk=2 D=16) and "GQA dK/dV wrong" (F19, D=16 and 72): the same bug.
+  masked rows" (Lq=65 Lk=2 D=16) and "GQA dK/dV wrong" (F19, D=16 and 72): the same bug. Not strict: a property
+  shows it only when it draws an affected D with more than 64 rows (the ci run of 2026-12-05 drew none on
+  fully_masked_rows and gradients_match_reference).
+
+The serving and sink properties' first H200 run (ci profile, 2026-12-05; flash_attn4_serving.py): paged calls at
+D = 40 raised FA4's "Paged KV does not support irregular head dim" (now refused by `refuses` and at call time,
+flash_attn4_serving.irregular_head_dim), and three sink properties found F37: the LSE +inf where a sink exceeds
+every score of its row by more than 88.72 (Softmax.finalize's float32 exp2 overflows), the output right.
 """
 from __future__ import annotations
 
@@ -128,11 +135,11 @@ from typing import Optional
 import torch
 
 from ..spec import Output, Spec
-from ._findings import OUTPUT_RIGHT, VARLEN_LEAK
+from ._findings import OUTPUT_RIGHT, VARLEN_LEAK, combine, finding
 from ._external import bshd, dist_version, gpu_library_reason, installed, varlen_args
 from .base import adapter
 from .flash_attn import _packed, _unpacked
-from .flash_attn4_serving import SM90_SERVING_CLAIMS, cache_call, num_splits_arg, sink_arg
+from .flash_attn4_serving import SM90_SERVING_CLAIMS, cache_call, irregular_head_dim, num_splits_arg, sink_arg
 
 _KEY = "flash-attn4"
 _DIST = "flash-attn-4"
@@ -209,6 +216,8 @@ def _refuses(case) -> Optional[str]:
     if dv > d:
         return ("flash-attn4 on SM90 picks its tiles from D alone and upstream tests only Dv < D; "
                 "Dv > D is not claimed")
+    if cache and case.spec.block_table is not None:  # pages (N, S, Hkv, D): S is the page size
+        return irregular_head_dim(d, dv, int(case.k.shape[1]), case.spec)
     return None
 
 
@@ -250,10 +259,31 @@ _H200_FINDINGS = {
         "tile reads the next segment's rows and multiplies them by zero probabilities (0 x NaN = NaN); the SM90 "
         "forward offsets varlen K/V with offset_batch_K(ragged=False) (seqlen_info.py). docs/compatibility.md "
         f"F17; {_REPRO}. Also F18 when the case's backward has an affected D. {_F18}")),
-    **{prop: dict(match=_ACCUM, why=_F18) for prop in (
+    # not strict: a property shows F18 only when it draws an affected D with more than 64 query rows (or, through GQA,
+    # keys); no corpus case does, and the ci run of 2026-12-05 (6 examples) drew none on fully_masked_rows and
+    # gradients_match_reference (XPASS(strict) there)
+    **{prop: finding(_F18, _ACCUM, strict=False) for prop in (
         "gradients_match_reference", "fully_masked_rows", "gqa_equals_repeated_kv", "outputs_fully_written",
         "non_default_stream")},
 }
+
+# F37, measured on the H200 (2026-12-05, ci profile): with learnable sinks the LSE is +inf where the reference's is
+# finite, the output right. Narrowed to exactly that: no out/dq/dk/dv/dsinks mismatch, the LSE's worst element +inf
+# against a finite value, and sinks that are not all -inf (those cannot overflow).
+SINK_LSE_INF = (OUTPUT_RIGHT + r"(?![\s\S]*\bd(?:q|k|v|sinks): MISMATCH)[\s\S]*\blse: MISMATCH\n  \d+ non-finite "
+                r"value\(s\) where the reference differs \(NaN/Inf\)\n[\s\S]*?\(got inf, expected -?\d[^;\n]*;"
+                r"[\s\S]*property parameters: \{'sinks': \{'kind': '(?:normal|dominant|mixed)'")
+_F37 = finding(
+    f"{_RUN}: with learnable sinks the LSE is +inf where the reference's is finite, when a sink exceeds every score "
+    "of its row by more than ln(FLT_MAX) = 88.7: softmax.py Softmax.finalize adds exp2(sink * log2(e) - row_max * "
+    "scale_log2) (fastmath ex2, float32) to the row sum, which overflows to +inf; the LSE, (row_max_scaled + "
+    "log2(row_sum)) * ln 2, is then +inf, and the output row, scaled by 1 / row_sum = 0, is 0 -- right, as the keys' "
+    "exact weights are below e^-88. Seen: sink_as_extra_key (Lq=Lk=1 D=16 fp16 row_shift=-1000, sink 0.77: LSE inf, "
+    "expected 0.7705), sinks_match_reference (B=2 Hq=2 Lq=Lk=3 D=8 fp16 equal scores, 'mixed' sinks of level 30: "
+    "LSE inf, expected 87.54; out, dQ, dK, dV right), sinks_paged ('dominant' sinks of level 30: LSE inf, expected "
+    f"99.34). docs/compatibility.md F37; {_REPRO} sink_lse. Not strict: only a sink ~89 above its row's best score "
+    "shows it (sinks of level 30 or scores shifted by -1000, drawn on some examples)",
+    SINK_LSE_INF, strict=False)
 
 # Documented by FA4 (flash_attn_varlen_func's docstring, quoted in flash_attn4_serving.py), not yet measured: a page
 # of exactly one key tile loads by TMA whole, so NaN past cache_seqlens in a sequence's last page reaches its output.
@@ -262,7 +292,9 @@ _PAGE_TMA_NAN = (r"page_size=(?:64|128)\b[\s\S]*garbage reached the output: [^\n
 _SERVING_FINDINGS = {
     # F18 (measured above) on the sink property, which judges dQ/dK/dV too; not strict: a run shows it only when it
     # draws an affected head dim
-    "sinks_match_reference": dict(match=_ACCUM, why=_F18, strict=False),
+    "sinks_match_reference": combine(finding(_F18, _ACCUM, strict=False), _F37),
+    "sink_as_extra_key": _F37,
+    "sinks_paged": _F37,
     "paged_equals_contiguous": dict(match=_PAGE_TMA_NAN, strict=False, why=(
         "flash-attn-4 4.0.0b36 documents it (flash_attn_varlen_func, page_table): 'When pages load by TMA (a page "
         "holds whole key tiles), a tile loads every row of its block, including rows past seqused_k in a sequence's "

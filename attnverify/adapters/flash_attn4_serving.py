@@ -18,6 +18,15 @@ claims below are SM90's and a call on another generation is refused at call time
   (seqlen_info.py `SeqlenInfoQK.create`: "seqlen_k = mSeqUsedK[batch_idx]" if given, else the static
   length): the adapter always passes seqused_k = cache_seqlens (int32, contiguous: "cu_seqlens_q,
   cu_seqlens_k, seqused_q, seqused_k must be int32 ... must be contiguous").
+- irregular head dims with non-TMA pages: refused. flash_fwd_sm90.py `FlashAttentionForwardSm90.__init__` (line 66
+  of 4.0.0b36, as the H200 run's traceback shows): "assert self.use_tma_KV or not (self.check_hdim_oob or
+  self.check_hdim_v_oob), 'Paged KV does not support irregular head dim'", with `self.use_tma_KV = not
+  paged_kv_non_tma` and, in flash_fwd.py `FlashAttentionForwardBase.__init__`, "hdim_multiple_of = 16",
+  `tile_hdim = ceil(head_dim / 16) * 16`, `check_hdim_oob = head_dim != tile_hdim` (the same for head_dim_v). So
+  on SM90 a paged call raises when D or Dv is not a multiple of 16 (of the claimed multiples of 8: 8, 24, 40,
+  ..., 248) and page_size != tile_n; a page of exactly one key tile (TMA) takes any head dim. Measured: the H200
+  run of 2026-12-05 raised it at D = 40, page size 1 (paged_equals_contiguous, batch_invariance, sinks_paged).
+  -> `irregular_head_dim` (asked by the adapter's `refuses` and again at call time).
 - page sizes on SM90: any. The forward is built with `paged_kv_non_tma=page_size not in [None, tile_n]`:
   a page of exactly one key tile loads by TMA, any other size through `PagedKVManager` (paged_kv.py,
   cp.async row by row, `divmod(row_idx + self.leftpad_k, self.page_size_divmod)`, rows at or past
@@ -61,9 +70,9 @@ claims below are SM90's and a call on another generation is refused at call time
   SM100/SM110'"; dsink is reduced in the dQ postprocess (`LearnableSinkBwdTensors(dpsum, lse,
   learnable_sink, dsink)`), varlen included. With seqlen_k == 0 the forward fills "lse == sink". A sink of
   -inf on a row without keys: `Softmax.finalize` gets row_sum = exp2(NaN), "if row_sum is zero or nan"
-  -> LSE -inf, output 0 (no sink). Predicted, not declared: finalize adds exp2(sink * LOG2_E -
-  row_max_scaled) in float32 against the keys' max, so a sink more than ~88 above every score overflows
-  (LSE +inf; the output, scaled by 1/inf, is 0).
+  -> LSE -inf, output 0 (no sink). Predicted here first, then measured on the H200 (2026-12-05, F37, declared in
+  flash_attn4.py): finalize adds exp2(sink * LOG2_E - row_max_scaled) in float32 against the keys' max, so a sink
+  more than 88.72 above every score overflows (LSE +inf; the output, scaled by 1/inf, is 0, which is right).
 - the LSE: "return_lse: ... The returned LSE supports taking gradient" (`_flash_attn_fwd` docstring; the
   backward takes `dlse`), so the adapter returns it attached: the sink's gradient has a dLSE term.
 - MLA `qv` and fp8 descales: SM100 only, not claimed. "assert arch // 10 in [10, 11], 'only support
@@ -102,6 +111,37 @@ def sm90_tile_n(d: int, dv: int, causal: bool, local: bool) -> int:
     if d <= 192:
         return 96 if local else (128 if dv <= 128 else 112)
     return 64 if local else 80
+
+
+def resolved_causal_local(spec: Spec) -> Tuple[bool, bool]:
+    """(causal, local) as FA4's `_resolve_causal_local_window` leaves them for the adapter's arguments (causal =
+    bottom-right, each -1 side of the window passed as None): causal sets right = 0; a window whose left is
+    unbounded and right is 0 is plain causal; any other bounded side is local (causal off)."""
+    left, right = (None, None) if spec.window is None else tuple(None if int(w) < 0 else int(w) for w in spec.window)
+    causal = spec.causal == "bottom_right"
+    if causal:
+        right = 0
+    if left is None and right is None:
+        return causal, False
+    if left is None and right == 0:
+        return True, False
+    return False, True
+
+
+IRREGULAR_HEAD_DIM = "Paged KV does not support irregular head dim"
+
+
+def irregular_head_dim(d: int, dv: int, page_size: int, spec: Spec) -> Optional[str]:
+    """Why FA4's SM90 forward refuses this paged call (None when it takes it): a head dim that is not a multiple of
+    16 with pages not loaded by TMA (page_size != the key tile), flash_fwd_sm90.py's assert (module docstring)."""
+    if d % 16 == 0 and dv % 16 == 0:
+        return None
+    tile_n = sm90_tile_n(d, dv, *resolved_causal_local(spec))
+    if page_size == tile_n:
+        return None
+    return (f"flash-attn4 on SM90 asserts '{IRREGULAR_HEAD_DIM}' (flash_fwd_sm90.py: use_tma_KV or not "
+            f"check_hdim_oob): D={d}" + (f" Dv={dv}" if dv != d else "") + " is not a multiple of 16 and page_size="
+            f"{page_size} is not the key tile {tile_n} (only such pages load by TMA)")
 
 
 def generation_limits(capability: Tuple[int, int]) -> Dict[str, object]:
@@ -147,6 +187,10 @@ def refuse_cache_call(q, k, v, spec: Spec) -> Optional[str]:
         return "flash-attn4 has no KV-cache append: flash_attn_func / flash_attn_varlen_func take no k_new/v_new"
     if spec.cache_leftpad is not None:
         return "flash-attn4's forward takes no left padding (leftpad_k is only in get_scheduler_metadata)"
+    if spec.block_table is not None:
+        why = irregular_head_dim(int(q.shape[-1]), int(v.shape[-1]), int(k.shape[1]), spec)
+        if why:
+            return why
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return ("flash-attn4's varlen backward is not given the page_table (FlashAttnVarlenFunc.backward): cache "
                 "calls are forward only")

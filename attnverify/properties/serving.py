@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from ..case import Case, CaseRecipe
 from ..check import bitwise_equal, unclaimed, unpack_output
 from ..magnitudes import magnitudes, score_bound
+from ..paged import partial_pages_note
 from ..compare import error_stats
 from ..reference import reference_forward
 from ..reference.paged import cache_after, cache_keys, plain_spec
@@ -88,8 +89,9 @@ def judge_pairs(prop, adapter, case: Case, params: dict, pairs_of: Callable[[obj
     sev = severity(comps)
     failing = [c for c in comps if not c.passed]
     passed = not failing and not problems
+    note = partial_pages_note(case)
     msg = "" if passed else "\n".join([f"[{adapter.name}] {prop.name} FAILED: {case.describe()}", prop.doc]
-                                      + problems + [c.message() for c in failing]
+                                      + problems + [c.message() for c in failing] + ([note] if note else [])
                                       + ([f"parameters: {params}"] if params else []))
     if problems:
         sev = max(sev, 10.0)
