@@ -62,6 +62,10 @@ def diagnose(
         tol[n] = float(t) if t else tolerance_for(n, dtype).norm
     explanations: List[Explanation] = []
     if fwd:
+        unmodelled = _unmodelled(case, spec, refd, fwd, keep, declared_fully_masked)
+        if unmodelled:  # every alternative would be measured against another baseline: name none
+            notes.append(unmodelled)
+            return Diagnosis(NO_EXPLANATION, notes=notes)
         ref_res, ref_nf = fit_score(obs, refd, fwd)
         tiles_c = tile_candidates(tiles)
         for key, title, var in alternatives_for(case, spec, tiles_c, declared_fully_masked, keep is not None, has_fm):
@@ -100,6 +104,22 @@ def diagnose(
     else:
         summary = NO_EXPLANATION
     return Diagnosis(summary, explanations, sigs, notes)
+
+
+def _unmodelled(case, spec, refd, fwd, keep, declared_fm) -> str:
+    """'' when the engine's own semantics (no alternative) reproduce the reference on this case, else why not:
+    a feature the engine does not model (a KV cache, chunked attention), so no alternative may be named."""
+    base_fm = declared_fm if declared_fm in ("zeros", "nan") else "zeros"
+    try:
+        o, lse = alternative_forward(case.q, case.k, case.v, spec, Variant(fully_masked=base_fm), keep=keep)
+    except Exception as e:  # noqa: BLE001 - a case the engine cannot form is one it does not model
+        return f"the diagnosis engine cannot recompute this case ({type(e).__name__}: {e}); no alternative is tried"
+    res, nf = fit_score({"out": o, "lse": lse.to(F64)}, refd, fwd)
+    if res > 1e-9 or nf:
+        feats = ", ".join(sorted(spec.features())) or "its features"
+        return (f"the diagnosis engine does not reproduce the reference on this case ({feats}: residual {res:.2e}, "
+                f"{nf} NaN/Inf differences); no alternative is tried")
+    return ""
 
 
 def _cross_slice(case, spec, obs, refd, fwd, tol, keep, declared_fm) -> Optional[Explanation]:

@@ -1,0 +1,72 @@
+"""The diagnosis on serving-era cases (issues 22/23): sinks and fp8 descales are the reference's in its engine, a
+descale ignored or a sink misplaced is named, and a case the engine does not model (chunked attention) names no
+alternative instead of a coincidental one (a stranger's fp8 kernel with k_descale dropped was diagnosed "softmax
+scale applied twice" because the engine knew no descales)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnverify.case import CaseRecipe, build_case
+from attnverify.diagnose import NO_EXPLANATION, Variant, alternative_forward, diagnose
+from attnverify.fp8 import descaled
+from attnverify.reference import reference_forward
+
+SINKS = {"kind": "mixed", "level": 2.0, "seed": 0}
+RECIPES = [
+    dict(sinks=SINKS, heads_q=4, heads_kv=2, causal="bottom_right", len_q=9, len_k=21),
+    dict(sinks={"kind": "dominant", "level": 4.0, "seed": 1}, causal="bottom_right", len_q=20, len_k=8),  # keyless rows
+    dict(sinks={"kind": "neg_inf", "level": 0.0, "seed": 2}, causal="bottom_right", len_q=20, len_k=8),
+    dict(dtype="float8_e4m3fn", descales="amax", heads_q=4, heads_kv=2, len_q=9, len_k=33),
+    dict(dtype="float8_e4m3fn", descales="random", sinks=SINKS, batch=2, causal="bottom_right", len_q=7, len_k=19),
+]
+
+
+@pytest.mark.parametrize("r", RECIPES, ids=[str(i) for i in range(len(RECIPES))])
+def test_engine_default_equals_reference_with_sinks_and_descales(r):
+    c = build_case(CaseRecipe(**r))
+    ref = reference_forward(c.q, c.k, c.v, c.spec)
+    out, lse = alternative_forward(c.q, c.k, c.v, c.spec)
+    torch.testing.assert_close(out, ref.out, rtol=1e-12, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(lse, ref.lse, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+def _fp8_case(**kw):
+    return build_case(CaseRecipe(dtype="float8_e4m3fn", descales="random", batch=2, heads_q=4, heads_kv=2, len_q=9,
+                                 len_k=33, return_lse=True, seed=4, **kw))
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+def test_an_ignored_descale_is_named(name):
+    c = _fp8_case()
+    wrong = reference_forward(*descaled(c.q, c.k, c.v, c.spec.replace(**{f"{name}_descale": None}))[:3],
+                              c.spec.replace(q_descale=None, k_descale=None, v_descale=None))
+    d = diagnose(c, {"out": wrong.out.float(), "lse": wrong.lse.float()})
+    assert d.summary == f"{name}_descale ignored (taken as 1)", d.text()
+    right = reference_forward(c.q, c.k, c.v, c.spec)
+    assert not diagnose(c, {"out": right.out.float(), "lse": right.lse.float()}).explained  # and never a right one
+
+
+def test_sink_ignored_and_sink_in_numerator_are_named():
+    c = build_case(CaseRecipe(sinks=SINKS, heads_q=4, heads_kv=2, len_q=9, len_k=21, return_lse=True, seed=3))
+    no_sink = reference_forward(c.q, c.k, c.v, c.spec.replace(sinks=None))
+    d = diagnose(c, {"out": no_sink.out.float(), "lse": no_sink.lse.float()})
+    assert d.best is not None and d.best.key == "sink_ignored", d.text()
+    ref = reference_forward(c.q, c.k, c.v, c.spec)
+    p_sink = torch.exp(torch.as_tensor(c.spec.sinks, dtype=torch.float64)[None, :, None] - ref.lse)  # (B, Hq, Lq)
+    numerator = ref.out + p_sink[..., None]  # the sink's weight on every output element
+    d = diagnose(c, {"out": numerator.float()}, failing=["out"])
+    assert d.best is not None and d.best.key == "sink_in_numerator", d.text()
+
+
+def test_a_case_the_engine_does_not_model_names_nothing():
+    """Chunked local attention is not in the engine: an output that is the reference without the chunks must not be
+    'explained' by an unrelated alternative; the note says why."""
+    c = build_case(CaseRecipe(attention_chunk=4, causal="bottom_right", len_q=16, len_k=16, seed=2))
+    unchunked = reference_forward(c.q, c.k, c.v, c.spec.replace(attention_chunk=None)).out
+    d = diagnose(c, {"out": unchunked.float()}, failing=["out"])
+    assert d.summary == NO_EXPLANATION and not d.explained
+    assert any("does not reproduce the reference" in n for n in d.notes), d.notes
+    plain = build_case(CaseRecipe(causal="bottom_right", len_q=16, len_k=40, seed=2))  # and the guard is no blanket
+    skip_last = alternative_forward(plain.q, plain.k, plain.v, plain.spec, Variant(skip_last_tile=16))[0]
+    assert diagnose(plain, {"out": skip_last.float()}, failing=["out"]).best.key == "last_tile_skipped_16"
