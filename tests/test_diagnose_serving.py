@@ -70,3 +70,14 @@ def test_a_case_the_engine_does_not_model_names_nothing():
     plain = build_case(CaseRecipe(causal="bottom_right", len_q=16, len_k=40, seed=2))  # and the guard is no blanket
     skip_last = alternative_forward(plain.q, plain.k, plain.v, plain.spec, Variant(skip_last_tile=16))[0]
     assert diagnose(plain, {"out": skip_last.float()}, failing=["out"]).best.key == "last_tile_skipped_16"
+
+
+def test_a_fit_is_judged_at_the_dtype_floor_where_the_reference_is_near_zero():
+    """A dominant sink makes the reference ~0, and the check's norm bound for `out` far below bfloat16's rounding; the
+    sink-in-numerator output (~1 everywhere, rounded to bfloat16) must still be named, not 'no simple explanation'."""
+    c = build_case(CaseRecipe(sinks={"kind": "dominant", "level": 2.0, "seed": 0}, dtype="bfloat16", len_q=17,
+                              len_k=33, causal="bottom_right", return_lse=True, seed=1))
+    alt = alternative_forward(c.q, c.k, c.v, c.spec, Variant(sink="numerator"))[0]
+    observed = alt.to(torch.bfloat16)  # what a bfloat16 kernel with this bug returns
+    d = diagnose(c, {"out": observed}, failing=["out"], tol_norm={"out": 3.6e-6})
+    assert d.best is not None and d.best.key == "sink_in_numerator", d.text()

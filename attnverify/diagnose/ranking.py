@@ -79,7 +79,9 @@ def diagnose(
             if same_as_ref == 0.0 and same_nf == 0:
                 continue  # identical to the SPEC for this case: it cannot explain anything
             res, nf = fit_score(obs, alt, fwd)
-            thr = max(3.0 * max(tol[n] for n in fwd), 1e-9)
+            # residuals are relative to the alternative's norm: never tighter than the dtype's own floor (a check's
+            # bound can be far below it where the reference is ~0, e.g. a dominant sink, and the alternative is not)
+            thr = max(3.0 * max(max(tol[n], tolerance_for(n, dtype).norm) for n in fwd), 1e-9)
             fits = nf == 0 and res <= thr and (res <= 0.25 * ref_res or (ref_nf > 0 and nf == 0))
             explanations.append(Explanation(key, title, res, ref_res, fits))
         cross = _cross_slice(case, spec, obs, refd, fwd, tol, keep, declared_fully_masked)
