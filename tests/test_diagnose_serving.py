@@ -4,6 +4,8 @@ alternative instead of a coincidental one (a stranger's fp8 kernel with k_descal
 scale applied twice" because the engine knew no descales)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -81,3 +83,15 @@ def test_a_fit_is_judged_at_the_dtype_floor_where_the_reference_is_near_zero():
     observed = alt.to(torch.bfloat16)  # what a bfloat16 kernel with this bug returns
     d = diagnose(c, {"out": observed}, failing=["out"], tol_norm={"out": 3.6e-6})
     assert d.best is not None and d.best.key == "sink_in_numerator", d.text()
+
+
+def test_a_case_description_names_its_sinks_and_chunk():
+    """The summary's "smallest case" of a sink bug named no sink (the sinks are the property's parameter), so it read
+    as a plain case that fails; the description now carries them (and the chunk), plain and paged."""
+    plain = build_case(CaseRecipe(sinks={"kind": "neg_inf", "level": 0.0, "seed": 0}, heads_q=2, attention_chunk=4,
+                                  causal="bottom_right"))
+    assert plain.describe().endswith("sinks=[-inf,-inf] attention_chunk=4"), plain.describe()
+    paged = build_case(CaseRecipe(batch=2, cache_lens=(5, 9), len_k=9, paged=True, page_size=4, num_pages=8, len_q=1,
+                                  block_table=((3, 1, 0), (2, 5, 7)), heads_q=2))
+    paged = dataclasses.replace(paged, spec=paged.spec.replace(sinks=torch.tensor([0.5, -1.25])))  # as sinks_paged does
+    assert "sinks=[0.5,-1.25]" in paged.describe() and "paged" in paged.describe(), paged.describe()
