@@ -1,0 +1,169 @@
+"""Two serving-era kernels written as a stranger would, from docs/guide.md and docs/adapters.md alone (issues 22, 23):
+a vLLM-style paged decode kernel (tests/stranger/vllm_like_paged.py) and a gpt-oss style sink + fp8 kernel
+(tests/stranger/gptoss_sink_fp8.py), each a file adapter with the claims its documentation states. Their ci profile
+passes through the CLI and through pytest; three wrong variants of each, mistakes a real kernel makes, fail the
+properties the docs say catch them, and the diagnosis names what it can."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+import attnverify as av
+from attnverify.case import CaseRecipe, build_case
+from attnverify.diagnose import diagnose_result
+from attnverify.properties import get_property, run_property
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STRANGER = os.path.join(HERE, "stranger")
+sys.path.insert(0, STRANGER)
+
+import gptoss_sink_fp8 as G  # noqa: E402
+import vllm_like_paged as V  # noqa: E402
+
+ROOT = os.path.dirname(HERE)
+VLLM = os.path.join(STRANGER, "vllm_like_paged.py")
+GPTOSS = os.path.join(STRANGER, "gptoss_sink_fp8.py")
+
+
+def _env():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+               ATTNVERIFY_NO_HTML="1")
+    env.pop("PYTEST_XDIST_WORKER", None)
+    return env
+
+
+def _ci_run(tmp_path, *argv):
+    return subprocess.run([sys.executable, *argv], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+
+
+@dataclasses.dataclass
+class _Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _assert_passes(res, name, passed, skipped_because):
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    for prop in passed:  # the summary table: "<property>   ok <n>ex <s>s"
+        line = next((x for x in out.splitlines() if x.startswith(prop + " ")), "")
+        assert " ok " in line, f"{prop}: {line!r}\n{out[-3000:]}"
+    for why in skipped_because:
+        assert f"{name} does not claim {why}" in out, out[-3000:]
+
+
+def test_vllm_like_paged_ci_profile_passes_through_the_cli(tmp_path):
+    res = _ci_run(tmp_path, "-m", "attnverify.cli", "run", "--adapter", f"{VLLM}:vllm_like_paged", "--profile", "ci",
+                  "--seed", "1", "-n", "0", "--", "-rs")
+    _assert_passes(res, "vllm-like-paged", ["forward_matches_reference", "paged_equals_contiguous", "batch_invariance",
+                                            "gqa_equals_repeated_kv", "contract", "causal_alignment"],
+                   ["backward", "lse", "append", "cache_leftpad", "num_splits", "sinks"])
+
+
+def test_gptoss_sink_fp8_ci_profile_passes_through_pytest(pytester):
+    res = pytester.runpytest(f"--adapter={GPTOSS}:gptoss_sink_fp8", "--attn-profile=ci", "--attn-seed=1", "-rs", "-q",
+                             "-p", "no:randomly")
+    _assert_passes(_Done(res.ret, res.stdout.str(), res.stderr.str()), "gptoss-sink-fp8", ["sinks_match_reference", "sink_as_extra_key", "sink_limits",
+                                            "fp8_matches_reference", "descale_linearity", "lse_merge",
+                                            "fully_masked_rows", "forward_matches_reference"],
+                   ["backward", "paged", "attention_chunk", "dropout"])
+
+
+@pytest.mark.slow
+def test_the_other_way_round(tmp_path):
+    """vLLM-like through pytest, gpt-oss through the CLI (each ~20-40 s on two busy cores)."""
+    res = _ci_run(tmp_path, "-m", "pytest", f"--adapter={VLLM}:vllm_like_paged", "--attn-profile=ci", "-rs", "-q",
+                  "-p", "no:cacheprovider")
+    _assert_passes(res, "vllm-like-paged", ["paged_equals_contiguous"], ["backward"])
+    res = _ci_run(tmp_path, "-m", "attnverify.cli", "run", "--adapter", f"{GPTOSS}:gptoss_sink_fp8", "--profile", "ci",
+                  "-n", "0", "--", "-rs")
+    _assert_passes(res, "gptoss-sink-fp8", ["fp8_matches_reference"], ["backward"])
+
+
+def _fails(prop, adapter, seed=0):
+    with pytest.raises(AssertionError) as e:
+        run_property(get_property(prop), adapter, profile="ci", seed=seed, database=None)
+    return str(e.value)
+
+
+def _holds(prop, adapter, seed=0):
+    run = run_property(get_property(prop), adapter, profile="ci", seed=seed, database=None)
+    assert run.examples > 0
+    return run
+
+
+VLLM_CAUGHT = [  # (bug, the properties that catch it in the ci profile)
+    ("block_index_off_by_one", ("paged_equals_contiguous", "forward_matches_reference")),
+    ("seq_lens_minus_one", ("forward_matches_reference",)),  # plain calls go through the same length bug
+    ("partial_block_full", ("paged_equals_contiguous", "forward_matches_reference")),
+]
+
+
+@pytest.mark.parametrize("bug,props", VLLM_CAUGHT, ids=[b for b, _ in VLLM_CAUGHT])
+def test_each_vllm_like_bug_is_caught(bug, props):
+    wrong = getattr(V, f"vllm_like_paged_{bug}")
+    for prop in props:
+        _holds(prop, V.vllm_like_paged)  # the right kernel holds on the same draws
+        msg = _fails(prop, wrong)
+        assert "MISMATCH" in msg and "first failing example: #" in msg, msg
+
+
+def test_a_decode_only_kernel_is_never_called_with_lq_above_one():
+    """refuses= is the docs' way to claim Lq = 1: no example of a run reaches the kernel with more query rows."""
+    seen = []
+
+    @av.adapter("vllm-like-recording", register=False, **V.CLAIMS)
+    def recording(q, k, v, spec):
+        seen.append(q.shape[2])
+        return V._call(q, k, v, spec)
+
+    for prop in ("forward_matches_reference", "paged_equals_contiguous"):
+        _holds(prop, recording)
+    assert seen and set(seen) == {1}, sorted(set(seen))
+
+
+def test_causal_alignment_does_not_blame_the_alignment_at_lq_1():
+    """With one query row bottom-right causal is no mask: a kernel that drops the last key fails causal_alignment,
+    and the message used to add 'the output follows causal=none', which is the asked mask here."""
+    msg = _fails("causal_alignment", V.vllm_like_paged_seq_lens_minus_one)
+    assert "Lq=1" in msg and "MISMATCH" in msg, msg
+    assert "follows causal=none" not in msg, msg
+
+
+GPTOSS_CAUGHT = [
+    ("descale_dropped", ("fp8_matches_reference", "descale_linearity")),
+    ("sink_in_numerator", ("sinks_match_reference", "sink_as_extra_key", "sink_limits", "fp8_matches_reference")),
+    ("p_fp8_before_max", ("fp8_matches_reference",)),
+]
+
+
+@pytest.mark.parametrize("bug,props", GPTOSS_CAUGHT, ids=[b for b, _ in GPTOSS_CAUGHT])
+def test_each_gptoss_bug_is_caught(bug, props):
+    wrong = getattr(G, f"gptoss_sink_fp8_{bug}")
+    for prop in props:
+        _holds(prop, G.gptoss_sink_fp8)
+        msg = _fails(prop, wrong)
+        assert "MISMATCH" in msg, msg
+
+
+def test_the_diagnosis_names_the_dropped_descale_and_the_sink_in_the_numerator():
+    fp8 = build_case(CaseRecipe(dtype="float8_e4m3fn", descales="random", batch=2, heads_q=4, heads_kv=2, len_q=9,
+                                len_k=40, head_dim=64, causal="bottom_right", return_lse=True, seed=3))
+    res = av.check(G.gptoss_sink_fp8_descale_dropped, fp8)
+    assert res.status == "failed"
+    assert diagnose_result(res, adapter=G.gptoss_sink_fp8_descale_dropped).summary == "k_descale ignored (taken as 1)"
+    assert av.check(G.gptoss_sink_fp8, fp8).passed
+    sinks = build_case(CaseRecipe(dtype="bfloat16", sinks={"kind": "mixed", "level": 2.0, "seed": 0}, heads_q=4,
+                                  heads_kv=2, len_q=17, len_k=33, head_dim=64, causal="bottom_right", return_lse=True,
+                                  seed=1))
+    res = av.check(G.gptoss_sink_fp8_sink_in_numerator, sinks)
+    assert res.status == "failed"
+    d = diagnose_result(res, adapter=G.gptoss_sink_fp8_sink_in_numerator)
+    assert d.best is not None and d.best.key == "sink_in_numerator", d.text()
+    assert av.check(G.gptoss_sink_fp8, sinks).passed
