@@ -167,3 +167,15 @@ def test_the_diagnosis_names_the_dropped_descale_and_the_sink_in_the_numerator()
     d = diagnose_result(res, adapter=G.gptoss_sink_fp8_sink_in_numerator)
     assert d.best is not None and d.best.key == "sink_in_numerator", d.text()
     assert av.check(G.gptoss_sink_fp8, sinks).passed
+
+
+def test_a_bug_seen_through_a_derived_call_names_that_call_in_its_case():
+    """repeat_and_interleave_stable draws B=1 and fails only in its in_batch call (B=2); the bug summary said
+    'needs B >= 2' beside 'smallest case: B=1 ...'. The case line now says which call it was seen through."""
+    bugs = []
+    with pytest.raises(AssertionError):
+        run_property(get_property("repeat_and_interleave_stable"), V.vllm_like_paged_block_index_off_by_one,
+                     profile="ci", seed=0, database=None, on_bug=bugs.append)
+    (bug,) = bugs[:1]
+    assert "B >= 2" in " ".join(bug["needs"]), bug["needs"]
+    assert bug["describe"].startswith("B=1 ") and ", seen through its in_batch call (B=2 " in bug["describe"], bug
