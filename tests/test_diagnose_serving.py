@@ -95,3 +95,20 @@ def test_a_case_description_names_its_sinks_and_chunk():
                                   block_table=((3, 1, 0), (2, 5, 7)), heads_q=2))
     paged = dataclasses.replace(paged, spec=paged.spec.replace(sinks=torch.tensor([0.5, -1.25])))  # as sinks_paged does
     assert "sinks=[0.5,-1.25]" in paged.describe() and "paged" in paged.describe(), paged.describe()
+
+
+def test_online_model_keeps_a_nan_row_nan_and_a_swallowed_nan_is_not_an_online_bug():
+    """A stranger's kernel that tested `l > 0` turned a NaN row into zeros; the diagnosis called that 'online softmax
+    without rescale', because attnverify's own online model had the same `l > 0` and swallowed the NaN too."""
+    from attnverify.reference import online_softmax
+
+    c = build_case(CaseRecipe(len_q=1, len_k=63, head_dim=64, dtype="bfloat16", causal="bottom_right",
+                              poison=(("q", 0, 0, 0, 0, "nan"),)))
+    ref = reference_forward(c.q, c.k, c.v, c.spec)
+    s = (c.q.double() @ c.k.double().transpose(-1, -2)) * c.spec.resolved_scale(64)
+    online = online_softmax(s, c.v.double(), [0, 16, 32, 48, 63]).output()
+    torch.testing.assert_close(online, ref.out, equal_nan=True)
+    assert bool(torch.isnan(online[0, 0, 0]).all())
+    swallowed = torch.nan_to_num(ref.out, nan=0.0).to(torch.bfloat16)
+    d = diagnose(c, {"out": swallowed}, failing=["out"])
+    assert not any(e.fits and e.key.startswith("missing_rescale") for e in d.explanations), d.text()
