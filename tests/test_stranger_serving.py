@@ -179,3 +179,17 @@ def test_a_bug_seen_through_a_derived_call_names_that_call_in_its_case():
     (bug,) = bugs[:1]
     assert "B >= 2" in " ".join(bug["needs"]), bug["needs"]
     assert bug["describe"].startswith("B=1 ") and ", seen through its in_batch call (B=2 " in bug["describe"], bug
+
+
+def test_a_sink_bug_does_not_read_as_needing_the_lse():
+    """sinks_match_reference draws its sinks beside the recipe; its 'no LSE' neighbour is judged by
+    forward_matches_reference, which used to get the recipe without the sinks, pass, and make the stranger's
+    sink-in-numerator bug (which has nothing to do with the LSE) read 'needs return_lse'."""
+    bugs = []
+    with pytest.raises(AssertionError):
+        run_property(get_property("sinks_match_reference"), G.gptoss_sink_fp8_sink_in_numerator, profile="ci", seed=1,
+                     database=None, on_bug=bugs.append)
+    assert bugs and "return_lse" not in bugs[0]["needs"], bugs[0]["needs"]
+    lse = next(v for v in bugs[0]["attribution"]["verdicts"] if v["feature"] == "lse")
+    assert lse["verdict"] != "needed" and lse["judged_by"] == "forward_matches_reference", lse  # judged with the sinks
+    assert "sinks=" in str(bugs[0]["describe"]), bugs[0]["describe"]
