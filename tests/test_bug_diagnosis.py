@@ -55,3 +55,21 @@ def test_terminal_summary_and_report_read_the_other_case(tmp_path):
              "case_file": b}]
     section = bug_section(str(tmp_path), recs, [])
     assert section["bugs"][0]["diagnosis"].startswith("padded tail keys counted"), section
+
+
+def test_a_failure_row_shows_the_saved_case_not_an_earlier_failing_one(tmp_path):
+    """The failures table showed the journal's last failing result (B=1 Hq=2 ... Lk=130) beside a message and a
+    repro about the saved case the attribution had reduced it to (Hq=1 ... Lk=63)."""
+    from attnverify.reports.artifact import failure_context
+
+    path = _write(str(tmp_path), "707133642973.json", PADDED)
+    with open(path, "w") as f:
+        json.dump({"describe": "B=1 Hq=1 Hkv=1 Lq=17 Lk=63 D=64 float8_e4m3fn", "shapes": {"q": [1, 1, 17, 64]},
+                   "recipe": {"len_k": 63}}, f)
+    row = {"id": "707133642973", "adapter": "mine", "property": "fp8_matches_reference", "case_file": path,
+           "case": {"describe": "B=1 Hq=2 Hkv=2 Lq=17 Lk=130 D=64 float8_e4m3fn", "recipe": {"len_k": 130}}}
+    failure_context(str(tmp_path), row, {})
+    assert row["case"]["describe"].startswith("B=1 Hq=1 Hkv=1 Lq=17 Lk=63"), row["case"]
+    orphan = {"id": "0123456789ab", "adapter": "mine", "property": "x", "case": {"describe": "B=2"}}
+    failure_context(str(tmp_path), orphan, {})  # no case file saved (a crash): the journal's case stays
+    assert orphan["case"] == {"describe": "B=2"}
