@@ -193,3 +193,25 @@ def test_a_sink_bug_does_not_read_as_needing_the_lse():
     lse = next(v for v in bugs[0]["attribution"]["verdicts"] if v["feature"] == "lse")
     assert lse["verdict"] != "needed" and lse["judged_by"] == "forward_matches_reference", lse  # judged with the sinks
     assert "sinks=" in str(bugs[0]["describe"]), bugs[0]["describe"]
+
+
+def test_the_summary_repro_line_replays_a_file_adapter_that_does_not_register(tmp_path, capsys):
+    """The run's summary prints `attnverify repro <case>` without --adapter; for a file adapter made with
+    register=False (here a wrong variant built by a factory) it said 'unknown adapter', though the case file records
+    the file and attribute the run took."""
+    import json
+
+    from attnverify import cli
+
+    path = str(tmp_path / "c.json")
+    build_case(CaseRecipe(len_q=1, len_k=40, head_dim=64, seed=2)).save(path)
+    d = json.load(open(path))
+    d.update(adapter="vllm-like-paged-seq_lens_minus_one",
+             adapter_origin={"kind": "file", "name": "vllm-like-paged-seq_lens_minus_one", "file": VLLM,
+                             "attr": "vllm_like_paged_seq_lens_minus_one", "target": f"{VLLM}:vllm_like_paged_seq_lens_minus_one"})
+    json.dump(d, open(path, "w"))
+    assert cli.main(["repro", path, "--isolate", "none"]) == 1  # STILL FAILS: the wrong kernel was found and run
+    out = capsys.readouterr().out
+    assert "vllm-like-paged-seq_lens_minus_one" in out and "STILL FAILS" in out, out
+    assert cli.main(["repro", path, "--isolate", "none", "--adapter", f"{VLLM}:vllm_like_paged"]) == 0
+    assert "HELD" in capsys.readouterr().out
