@@ -42,6 +42,9 @@ def diagnose(
     obs = {n: as_f64(t) for n, t in observed.items() if as_f64(t) is not None}
     failing = list(failing) if failing is not None else [n for n in ("out", "lse") if n in obs]
     fwd = [n for n in failing if n in ("out", "lse") and n in obs]
+    if spec.cache_seqlens is not None:
+        return Diagnosis(NO_EXPLANATION, notes=["a KV-cache call: the diagnosis recomputes plain calls only (its keys "
+                                                "are gathered per batch from the caches); see the per-head map"])
     if b * hq * lq * max(lk, 1) > MAX_ELEMENTS:
         return Diagnosis(NO_EXPLANATION, notes=[f"case too large to diagnose ({b}x{hq}x{lq}x{lk} scores > {MAX_ELEMENTS}); shrink it first"])
     keep = dropout_mask
