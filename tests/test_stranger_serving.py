@@ -215,3 +215,34 @@ def test_the_summary_repro_line_replays_a_file_adapter_that_does_not_register(tm
     assert "vllm-like-paged-seq_lens_minus_one" in out and "STILL FAILS" in out, out
     assert cli.main(["repro", path, "--isolate", "none", "--adapter", f"{VLLM}:vllm_like_paged"]) == 0
     assert "HELD" in capsys.readouterr().out
+
+
+def test_an_output_of_the_wrong_shape_fails_even_with_the_right_numbers():
+    """A decode adapter that forgets the Lq axis returns (B, Hq, Dv) for (B, Hq, 1, Dv): the same numbers, so the
+    comparison passed it after a reshape, saying nothing (a caller indexing out[:, :, 0] would break)."""
+    @av.adapter("vllm-like-no-lq-axis", register=False, **V.CLAIMS)
+    def no_lq_axis(q, k, v, spec):
+        return V._call(q, k, v, spec)[:, :, 0]
+
+    case = build_case(CaseRecipe(len_q=1, len_k=40, head_dim=64, seed=2))
+    res = av.check(no_lq_axis, case)
+    assert res.status == "failed", res.message()
+    assert "shape (1, 1, 64) instead of (1, 1, 1, 64)" in res.message(), res.message()
+    assert av.check(V.vllm_like_paged, case).passed
+
+
+def test_the_evidence_of_a_paged_failure_is_computed_not_a_crash():
+    """The case page of a paged failure said 'running the case again failed (ZeroDivisionError); metrics only': the
+    evidence took the caches' dim 2 (heads) for keys. It now maps the error per head, counts each batch's keys, and the
+    diagnosis says it models plain calls only."""
+    from attnverify.evidence import analyse
+
+    r = CaseRecipe(batch=2, len_q=1, len_k=37, head_dim=64, dtype="float16", cache_lens=(37, 20), paged=True,
+                   page_size=16, num_pages=17, block_table=((10, 4, 6, 3), (16, 0, 3, 3)), garbage="nan", seed=100)
+    case = build_case(r)
+    assert av.check(V.vllm_like_paged_partial_block_full, case).status == "failed"
+    info = analyse(V.vllm_like_paged_partial_block_full, "failed", case.to_dict())
+    assert info["rerun"] and not any("running the case again failed" in n for n in info["notes"]), info["notes"]
+    assert [h["id"] for h in info["heatmaps"]] == ["heads-out"]
+    assert sorted(w["visible"] for w in info["worst_rows"]) == [20, 37], info["worst_rows"]
+    assert "KV-cache call" in " ".join(info["diagnosis"]["notes"]), info["diagnosis"]
