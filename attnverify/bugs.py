@@ -142,7 +142,8 @@ def diagnosis_for(g: dict, load: Callable[[str], Optional[dict]]) -> str:
             continue
         d = load(case_file)
         if d and d.get("explained"):
-            return f"{d.get('summary')} (from the {prop} case; the smallest case's: {(first or {}).get('summary') or 'none'})"
+            own = (first or {}).get("summary")
+            return f"{d.get('summary')} (from the {prop} case" + (f"; the smallest case's: {own})" if own else ")")
     return str((first or {}).get("summary") or "")
 
 

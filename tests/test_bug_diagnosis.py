@@ -28,6 +28,7 @@ def test_the_smallest_explained_case_wins_and_an_unexplained_one_defers():
     assert diagnosis_for(g, {"a.json": PADDED, "b.json": NOTHING}.get) == PADDED["summary"]
     assert diagnosis_for(g, {"a.json": NOTHING, "b.json": NOTHING}.get) == "no simple explanation"
     assert diagnosis_for(g, {}.get) == ""
+    assert diagnosis_for(g, {"b.json": PADDED}.get) == PADDED["summary"] + " (from the forward_matches_reference case)"
 
 
 def _write(folder, name, diag):
