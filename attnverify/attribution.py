@@ -20,13 +20,12 @@ batch_head_independence, which needs B >= 2 or Hkv >= 2); else by forward_matche
 (gradients_match_reference for a property judging gradients): its pass means the feature is needed, its
 failure leaves the feature untested (it may be another bug: docs/reference.md#distinct-bugs). return_lse
 is needed only where the output is right (judged with a tile of keys where the case has one key, whose
-output no score bug can change). A pass that compared nothing of what failed, and the property's own
-calls of other shapes: attnverify.attribution_calls.
+output no score bug can change). A pass that compared nothing of what failed, and the property's own calls of
+other shapes: attnverify.attribution_calls; a KV-cache case's neighbours: attnverify.attribution_cache.
 
-`matches(needs, recipe)` is the filter the continued search uses (properties.driver): a case that has
-every case feature of a found bug's needs is that bug again. `signature(needs, describe)` names a
-distinct bug across properties and adapters: the same needs are the same bug; a failure that needs
-nothing is told apart by its shrunk case.
+`matches(needs, recipe)` is the filter the continued search uses (properties.driver): a case that has every case
+feature of a found bug's needs is that bug again. `signature(needs, describe)` names a distinct bug across
+properties and adapters: the same needs are the same bug; a failure that needs nothing is told apart by its shrunk case.
 """
 from __future__ import annotations
 
@@ -37,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
+from .attribution_cache import cache_why, fix_cache
 from .attribution_calls import backward_only, judged_nothing, through_calls, with_params
 from .case import CaseRecipe
 
@@ -144,8 +144,8 @@ def _fix(old: CaseRecipe, new: CaseRecipe) -> CaseRecipe:
         ll = new.len_q if name == "q" else new.len_k
         dd = (new.head_dim_v or new.head_dim) if name == "v" else new.head_dim
         poison.append((name, min(b, new.batch - 1), min(h, hh - 1), min(i, max(ll - 1, 0)), min(d, dd - 1), val))
-    return dataclasses.replace(new, mask_shape=ms, masked_rows=rows, key_block=kb, late_from=late,
-                               late_boost=new.late_boost if late is not None else 1.0, poison=tuple(poison))
+    return fix_cache(dataclasses.replace(new, mask_shape=ms, masked_rows=rows, key_block=kb, late_from=late,
+                                         late_boost=new.late_boost if late is not None else 1.0, poison=tuple(poison)))
 
 
 def _rep(r: CaseRecipe, **kw) -> CaseRecipe:
@@ -304,7 +304,7 @@ def _claims_why(adapter, r: CaseRecipe) -> Optional[str]:
     try:
         return unclaimed(adapter, build_probe(r))  # a CPU probe: never starts CUDA here
     except Exception as e:  # noqa: BLE001
-        return f"cannot be built ({type(e).__name__}: {e})"
+        return cache_why(r) or f"cannot be built ({type(e).__name__}: {e})"
 
 
 def _base_property(prop, adapter, backward: bool):

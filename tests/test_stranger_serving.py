@@ -246,3 +246,19 @@ def test_the_evidence_of_a_paged_failure_is_computed_not_a_crash():
     assert [h["id"] for h in info["heatmaps"]] == ["heads-out"]
     assert sorted(w["visible"] for w in info["worst_rows"]) == [20, 37], info["worst_rows"]
     assert "KV-cache call" in " ".join(info["diagnosis"]["notes"]), info["diagnosis"]
+
+
+def test_the_attribution_of_a_paged_bug_varies_the_batch_and_says_why_not_the_lengths():
+    """The attribution of a paged failure read 'untested: B=1 (cannot be built (ValueError: CaseRecipe(cache_lens=...):
+    [37, 20]: one length >= 0 per batch (batch=1)))' and the same for Lk=64: the B -> 1 neighbour kept both requests'
+    cache fields. It now keeps the first request, and a length neighbour is said to be none of a cache case."""
+    bugs = []
+    with pytest.raises(AssertionError):
+        run_property(get_property("paged_equals_contiguous"), V.vllm_like_paged_partial_block_full, profile="ci",
+                     seed=1, database=None, on_bug=bugs.append)
+    text = bugs[0]["attribution"]["text"]
+    assert "cannot be built" not in text, text
+    verdicts = {v["feature"]: v for v in bugs[0]["attribution"]["verdicts"]}
+    if "batch" in verdicts:  # B >= 2 drawn: its neighbour is judged now
+        assert verdicts["batch"]["verdict"] in ("needed", "not needed"), verdicts["batch"]
+    assert any("takes its key lengths from cache_lens" in (v.get("why") or "") for v in verdicts.values()), text
