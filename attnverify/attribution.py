@@ -20,13 +20,12 @@ batch_head_independence, which needs B >= 2 or Hkv >= 2); else by forward_matche
 (gradients_match_reference for a property judging gradients): its pass means the feature is needed, its
 failure leaves the feature untested (it may be another bug: docs/reference.md#distinct-bugs). return_lse
 is needed only where the output is right (judged with a tile of keys where the case has one key, whose
-output no score bug can change). A pass that compared nothing of what failed, and the property's own
-calls of other shapes: attnverify.attribution_calls.
+output no score bug can change). A pass that compared nothing of what failed, and the property's own calls of
+other shapes: attnverify.attribution_calls; a KV-cache case's neighbours: attnverify.attribution_cache.
 
-`matches(needs, recipe)` is the filter the continued search uses (properties.driver): a case that has
-every case feature of a found bug's needs is that bug again. `signature(needs, describe)` names a
-distinct bug across properties and adapters: the same needs are the same bug; a failure that needs
-nothing is told apart by its shrunk case.
+`matches(needs, recipe)` is the filter the continued search uses (properties.driver): a case that has every case
+feature of a found bug's needs is that bug again. `signature(needs, describe)` names a distinct bug across
+properties and adapters: the same needs are the same bug; a failure that needs nothing is told apart by its shrunk case.
 """
 from __future__ import annotations
 
@@ -37,7 +36,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from .attribution_calls import backward_only, judged_nothing, through_calls
+from .attribution_cache import cache_why, fix_cache
+from .attribution_calls import backward_only, judged_nothing, through_calls, with_params
 from .case import CaseRecipe
 
 DEFAULT_TILE = 64  # the tile used for the length neighbours when the adapter claims none
@@ -144,8 +144,8 @@ def _fix(old: CaseRecipe, new: CaseRecipe) -> CaseRecipe:
         ll = new.len_q if name == "q" else new.len_k
         dd = (new.head_dim_v or new.head_dim) if name == "v" else new.head_dim
         poison.append((name, min(b, new.batch - 1), min(h, hh - 1), min(i, max(ll - 1, 0)), min(d, dd - 1), val))
-    return dataclasses.replace(new, mask_shape=ms, masked_rows=rows, key_block=kb, late_from=late,
-                               late_boost=new.late_boost if late is not None else 1.0, poison=tuple(poison))
+    return fix_cache(dataclasses.replace(new, mask_shape=ms, masked_rows=rows, key_block=kb, late_from=late,
+                                         late_boost=new.late_boost if late is not None else 1.0, poison=tuple(poison)))
 
 
 def _rep(r: CaseRecipe, **kw) -> CaseRecipe:
@@ -304,7 +304,7 @@ def _claims_why(adapter, r: CaseRecipe) -> Optional[str]:
     try:
         return unclaimed(adapter, build_probe(r))  # a CPU probe: never starts CUDA here
     except Exception as e:  # noqa: BLE001
-        return f"cannot be built ({type(e).__name__}: {e})"
+        return cache_why(r) or f"cannot be built ({type(e).__name__}: {e})"
 
 
 def _base_property(prop, adapter, backward: bool):
@@ -315,9 +315,9 @@ def _base_property(prop, adapter, backward: bool):
     return None if p is prop or p.why_skipped(adapter) else p
 
 
-# stand-ins: a neighbour the property does not judge because it removed a feature the property asks for
-# in one of several ways (batch_head_independence: B >= 2 or Hkv >= 2) is judged by the property itself
-# with another of those ways in its place; the stand-in of a feature never re-adds that feature
+# stand-ins: a neighbour the property does not judge because it removed a feature the property asks for in one of
+# several ways (batch_head_independence: B >= 2 or Hkv >= 2) is judged by the property itself with another of those
+# ways in its place; the stand-in of a feature never re-adds that feature
 STAND_INS = (
     ("batch", lambda r: r.batch < 2, lambda r: _rep(r, batch=2), lambda r: "B=2"),
     ("heads", lambda r: True, lambda r: _rep(r, heads_q=2 * r.heads_q, heads_kv=2 * r.heads_kv),
@@ -466,6 +466,7 @@ def _judge_all(prop, adapter, r: CaseRecipe, params: dict, runner, ctx: dict, jo
         if why:
             v.why = why
             continue
+        nb = nb if judge is prop else with_params(nb, params)  # sinks drawn beside the recipe join it
         nd = {"recipe": nb.to_dict(), **(params if judge is prop else {})}
         res = runner(judge, adapter, nd)
         v.judged_by, v.status = judge.name, res.status
@@ -476,14 +477,13 @@ def _judge_all(prop, adapter, r: CaseRecipe, params: dict, runner, ctx: dict, jo
             v.why = (res.message or "skipped").splitlines()[0]
             continue
         if not res.passed and judge is not prop and v.feature != "backward":
-            # the property always draws the feature and no stand-in fits: the base property failing
-            # without it may be another bug, so this says nothing about the property's failure
+            # always drawn, no stand-in fits: the base failing without it may be another bug; it says nothing
             v.why = f"{prop.name} always draws it; {judge.name} fails without it too: maybe another bug"
             continue
         if res.passed and v.feature == "lse" and _output_wrong(prop, adapter, nb, runner, journal, ctx,
                                                                judged=judge is not prop):
-            # the property sees it only through the LSE, but the output is wrong there too (or, on one key,
-            # with a tile of keys): the LSE is how this property sees the bug, not what the bug needs
+            # the property sees it only through the LSE, but the output is wrong there too (or, on one key, with a
+            # tile of keys): the LSE is how this property sees the bug, not what the bug needs
             v.why = f"{prop.name} sees it only through the LSE; forward_matches_reference fails on the output too"
             continue
         blind = judged_nothing(failing, res) if res.passed and judge is prop else None

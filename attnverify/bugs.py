@@ -18,7 +18,7 @@ reports/bugs.py reads those) and `summary_lines` leads the terminal summary:
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 from .origin import display_path as _rel
 
@@ -76,7 +76,8 @@ def _size(describe: str) -> int:
 def group(bugs: Iterable[dict]) -> List[dict]:
     """Bug dicts ({"signature", "needs", "property" | "properties", "adapter", "describe", "case_file",
     "repro", "text", ...}) merged by signature, most properties first: {"signature", "needs", "text",
-    "properties", "adapters", "describe" (the smallest case), "case_file", "repro", "sightings"}."""
+    "properties", "adapters", "describe" (the smallest case), "case_file", "repro", "sightings", "cases" (every
+    sighting's (property, case_file), for `diagnosis_for`)}."""
     out: Dict[str, dict] = {}
     for b in bugs:
         sig = b.get("signature")
@@ -84,8 +85,10 @@ def group(bugs: Iterable[dict]) -> List[dict]:
             continue
         g = out.setdefault(sig, {"signature": sig, "needs": list(b.get("needs") or []), "text": b.get("text") or "",
                                  "properties": [], "adapters": [], "describe": None, "case_file": None,
-                                 "repro": None, "sightings": 0})
+                                 "repro": None, "sightings": 0, "cases": []})
         g["sightings"] += 1
+        if b.get("case_file"):
+            g["cases"].append((b.get("property") or (list(b.get("properties") or []) + [""])[0], b["case_file"]))
         for p in list(b.get("properties") or []) + ([b["property"]] if b.get("property") else []):
             if p not in g["properties"]:
                 g["properties"].append(p)
@@ -119,25 +122,39 @@ def summary_lines(infos: Iterable[dict]) -> List[str]:
         lines.append(f"    smallest case: {g['describe']}")
         if g["repro"]:
             lines.append(f"    repro: {g['repro']}")
-        diag = diagnosis_of(g["case_file"])
+        diag = diagnosis_for(g, _stored_diagnosis)
         if diag:
             lines.append(f"    diagnosis: {diag}")
     return lines
 
 
-def diagnosis_of(case_file: Optional[str]) -> str:
-    """The stored diagnosis summary beside a case file (written by the judging child), or ''."""
-    if not case_file:
-        return ""
+def diagnosis_for(g: dict, load: Callable[[str], Optional[dict]]) -> str:
+    """A bug group's diagnosis: its smallest case's when that one is explained; else the first of its other
+    sightings' cases that is, saying which property's case it comes from (the smallest case of a bug seen by
+    several properties may be one the engine cannot explain, e.g. a causal case of a padded-keys bug); else the
+    smallest case's summary ('no simple explanation', a signature), or ''. `load(case_file)` gives the stored
+    diagnosis dict ({"summary", "explained", ...}) or None."""
+    first = load(g["case_file"]) if g.get("case_file") else None
+    if first and first.get("explained"):
+        return str(first.get("summary") or "")
+    for prop, case_file in g.get("cases") or []:
+        if case_file == g.get("case_file"):
+            continue
+        d = load(case_file)
+        if d and d.get("explained"):
+            own = (first or {}).get("summary")
+            return f"{d.get('summary')} (from the {prop} case" + (f"; the smallest case's: {own})" if own else ")")
+    return str((first or {}).get("summary") or "")
+
+
+def _stored_diagnosis(case_file: str) -> Optional[dict]:
+    """The diagnosis dict stored beside a case file (written by the judging child), or None."""
     import json
 
     from .evidence import evidence_paths
 
     try:
         with open(evidence_paths(case_file)[0]) as f:
-            ev = json.load(f)
-    except (OSError, ValueError):
-        return ""
-    return str(((ev.get("diagnosis") or {}).get("summary")) or "")
-
-
+            return json.load(f).get("diagnosis") or None
+    except (OSError, ValueError, AttributeError):
+        return None

@@ -220,6 +220,7 @@ class Case:
                 parts.append(f"key_offset={r.key_offset:g}")
         if s.has_descales:
             parts.append(describe_descales(s))
+        parts.extend(describe_sinks_chunk(s))
         return " ".join(parts)
 
     def case_id(self, recipe_dict: Optional[dict] = None) -> str:
@@ -273,6 +274,17 @@ def describe_descales(s: Spec) -> str:
 
     return " ".join(f"{n}=[{one(getattr(s, n))}]" for n in ("q_descale", "k_descale", "v_descale")
                     if getattr(s, n) is not None)
+
+
+def describe_sinks_chunk(s: Spec) -> List[str]:
+    """The sinks (per head, as drawn) and the attention chunk of a call, for a case's one-line description."""
+    parts = []
+    if s.sinks is not None:
+        x = torch.as_tensor(s.sinks).flatten().tolist()
+        parts.append("sinks=[" + ",".join(f"{v:.3g}" for v in x[:4]) + (",...]" if len(x) > 4 else "]"))
+    if s.attention_chunk is not None:
+        parts.append(f"attention_chunk={s.attention_chunk}")
+    return parts
 
 
 def load_case(path_json: str, device: Optional[str] = None) -> Case:

@@ -226,8 +226,10 @@ def _find_adapter(d: dict, override: Optional[str]):
         origin = d.get("adapter_origin") or {}
         f = origin.get("file")
         if f and os.path.exists(f):
-            try:
-                _load_target(f"{f}:{origin.get('attr') or '__name__'}")
+            try:  # the object the run took (a file adapter need not register itself: register=False)
+                found = _load_target(f"{f}:{origin.get('attr') or '__name__'}")
+                if found.name == name:
+                    return found
             except UnknownAdapterError:
                 pass
             return get(name)

@@ -98,9 +98,11 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, *, ignore
         return _missing(name, exp, tol, "the adapter returned nothing for this output")
     if not isinstance(actual, torch.Tensor):
         return _missing(name, exp, tol, f"expected a tensor, got {type(actual).__name__}")
-    if tuple(actual.shape) != tuple(exp.shape):
-        if actual.numel() == exp.numel():
-            problems.append(f"shape {tuple(actual.shape)} instead of {tuple(exp.shape)} (compared after reshape)")
+    shape_ok = tuple(actual.shape) == tuple(exp.shape)
+    if not shape_ok:
+        if actual.numel() == exp.numel():  # a failure (the contract's shape), its values still shown
+            problems.append(f"shape {tuple(actual.shape)} instead of {tuple(exp.shape)}: the contract's shape is "
+                            f"required (values compared after a reshape)")
             actual = actual.reshape(exp.shape)
         else:
             return _missing(name, exp, tol, f"shape {tuple(actual.shape)}, expected {tuple(exp.shape)}")
@@ -155,7 +157,7 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, *, ignore
     if nonfin:
         rel = math.inf if not math.isnan(rel) else rel
         problems.append(f"{nonfin} non-finite value(s) where the reference differs (NaN/Inf)")
-    passed = mismatched == 0 and rel <= tol.norm
+    passed = mismatched == 0 and rel <= tol.norm and shape_ok
     if rel > tol.norm and mismatched == 0:
         problems.append("every element is within its bound but the norm-wise error is not")
     return Comparison(

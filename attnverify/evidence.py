@@ -73,7 +73,7 @@ def analyse(adapter, status: str, case_dict: Optional[dict], case_file: Optional
 def _analyse(adapter, case, info) -> None:
     from .check import check, unclaimed
     from .diagnose import diagnose
-    from .reference import reference_backward, visible_counts
+    from .reference import reference_backward
     from .spec import Output
 
     why = unclaimed(adapter, case)
@@ -123,14 +123,17 @@ def _analyse(adapter, case, info) -> None:
     row_err = torch.where(torch.isnan(err).any(-1), torch.full(err.shape[:-1], math.nan, dtype=torch.float64),
                           torch.nan_to_num(err, posinf=math.inf).amax(-1))  # (B, H, Lq)
     hm = info["heatmaps"]
-    # 1. error over (query, key tile): exact per-tile attention mass from a one-hot probe of V
-    tile_map, how, tile = _tile_mass_error(adapter, case, keep)
-    if tile_map is None:
-        tile_map, how, tile = _tile_projection(case, o, r)
-    n_tiles = tile_map.shape[1]
-    hm.append({"id": "query-keytile", "title": f"Error over (query row, key tile of {tile})",
-               "x": f"key tile (0..{n_tiles - 1}, {tile} keys each, Lk={lk})", "y": f"query row (0..{lq - 1})",
-               "how": how, "max": _fmt(tile_map), "values": tile_map.numpy()})
+    if case.spec.cache_seqlens is not None:  # k and v are the caches: their dim 2 is heads, not keys
+        info["notes"].append("a KV-cache call: its keys are gathered per batch from the caches, so there is no "
+                             "(query row, key tile) map; the per-head map and the worst rows are below")
+    else:  # 1. error over (query, key tile): exact per-tile attention mass from a one-hot probe of V
+        tile_map, how, tile = _tile_mass_error(adapter, case, keep)
+        if tile_map is None:
+            tile_map, how, tile = _tile_projection(case, o, r)
+        n_tiles = tile_map.shape[1]
+        hm.append({"id": "query-keytile", "title": f"Error over (query row, key tile of {tile})",
+                   "x": f"key tile (0..{n_tiles - 1}, {tile} keys each, Lk={lk})", "y": f"query row (0..{lq - 1})",
+                   "how": how, "max": _fmt(tile_map), "values": tile_map.numpy()})
     # 2. over heads: max |error| per output row, one line per (batch, head)
     heads = row_err.reshape(b * hq, lq)
     hm.append({"id": "heads-out", "title": "Output error over (batch, head) and query row",
@@ -150,7 +153,7 @@ def _analyse(adapter, case, info) -> None:
                    "how": f"max over the head dim of |{name} - reference|", "max": _fmt(e),
                    "values": e.reshape(bb * hh, ll).numpy()})
     # worst rows, with their count of visible keys
-    counts = visible_counts(lq, lk, case.spec, batch=b, heads=hq)
+    counts = _visible_rows(case, lq, b, hq)
     rel = row_err / r.abs().amax(-1).clamp_min(1e-30)
     flat = torch.nan_to_num(row_err, nan=math.inf).reshape(-1)
     for idx in torch.argsort(flat, descending=True)[:10].tolist():
@@ -160,6 +163,19 @@ def _analyse(adapter, case, info) -> None:
         info["worst_rows"].append({"batch": bi, "head": hi, "row": i, "max_abs": float(row_err[bi, hi, i]),
                                    "rel": float(rel[bi, hi, i]), "visible": int(counts[bi, hi, i]),
                                    "got": _vec(o[bi, hi, i]), "expected": _vec(r[bi, hi, i])})
+
+
+def _visible_rows(case, lq: int, b: int, hq: int) -> torch.Tensor:
+    """(B, Hq, Lq) visible keys per row; a KV-cache call's per batch, over the keys it gathers (reference.paged)."""
+    from .reference import visible_counts
+    from .reference.paged import leftpads, plain_spec
+
+    s = case.spec
+    if s.cache_seqlens is None:
+        return visible_counts(lq, case.k.shape[2], s, batch=b, heads=hq)
+    new = 0 if s.k_new is None else int(s.k_new.shape[2])
+    lens = [int(c) - p + new for c, p in zip(torch.as_tensor(s.cache_seqlens).tolist(), leftpads(s))]
+    return torch.cat([visible_counts(lq, n, plain_spec(s, i), batch=1, heads=hq) for i, n in enumerate(lens)])
 
 
 def _fmt(t: torch.Tensor) -> str:

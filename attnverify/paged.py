@@ -123,6 +123,9 @@ def describe(case) -> str:
         parts.append(f"window={s.window}")
     if s.alibi_slopes is not None:
         parts.append("alibi")
+    from .case import describe_sinks_chunk
+
+    parts.extend(describe_sinks_chunk(s))
     if case.recipe is not None and case.recipe.garbage != "none":
         parts.append(f"garbage={case.recipe.garbage} in unused slots")
     return " ".join(parts)

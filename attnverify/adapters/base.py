@@ -94,6 +94,16 @@ def _validate_claims(name: str, kw: dict) -> Claims:
         return ValueError(f"attnverify.adapter({name!r}, {arg}=...): {why}")
 
     c = dict(kw)
+    for arg, eg in (("dtypes", "('float16', 'bfloat16')"), ("devices", "('cuda',)"), ("head_dims", "(64, 128)"),
+                    ("tiles", "(128, 64)")):
+        v = c.get(arg)
+        if v is not None and not callable(v) and (isinstance(v, (str, int, float)) or not hasattr(v, "__iter__")):
+            raise bad(arg, f"{v!r} is one value; give a tuple, e.g. {arg}={eg}"
+                      + (", or a predicate int -> bool" if arg == "head_dims" else ""))
+    flags = sorted(f.name for f in dataclasses.fields(Claims) if isinstance(f.default, bool))
+    for arg in flags:
+        if arg in c and not isinstance(c[arg], bool):
+            raise bad(arg, f"a claim that is on or off: give True or False, not {c[arg]!r}")
     if "dtypes" in c:
         c["dtypes"] = tuple(str(d).replace("torch.", "") for d in c["dtypes"])
         for d in c["dtypes"]:

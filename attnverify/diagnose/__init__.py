@@ -9,7 +9,9 @@ Method: the case is recomputed in float64 under each alternative semantics (the 
 alignment, diagonal excluded, window bound off by one, scale missing/doubled/default, softcap before
 scale, GQA interleaved, fully-masked rows as NaN/mean(V)/unmasked, LSE base 2, dropout not rescaled,
 a batch or head reading another's K/V, padded tail keys counted, last key tile skipped, the online
-softmax without its rescale). An alternative *explains* the output when the adapter's output is within
+softmax without its rescale, an fp8 descale ignored, sinks ignored or in the numerator). A case whose
+features the engine does not model (KV cache, chunked attention: its default semantics do not reproduce
+the reference) is explained by nothing, with a note. An alternative *explains* the output when the adapter's output is within
 a few tolerances of it, much closer than to the reference, and NaN/Inf sit in the same places.
 When none does, error signatures are measured (concentrated in the last key tile, only where the
 running max jumps, growing with the number of keys summed, confined to some heads or to fully-masked

@@ -62,6 +62,13 @@ def alternatives_for(case, spec, tiles: Sequence[int], declared_fm: str, has_kee
     alts.append(("lse_no_max", "LSE without the row max added back (log of the rescaled sum)", V(lse_mode="no_max")))
     if has_keep and spec.dropout_p > 0:
         alts.append(("dropout_not_rescaled", f"dropout keeps not rescaled by 1/(1-p) (p={spec.dropout_p:g})", V(dropout_rescale=False)))
+    for name in ("q", "k", "v"):
+        if getattr(spec, f"{name}_descale") is not None:
+            alts.append((f"{name}_descale_ignored", f"{name}_descale ignored (taken as 1)", V(descale_ignored=name)))
+    if spec.sinks is not None:
+        alts.append(("sink_ignored", "sinks ignored (left out of the softmax denominator and the LSE)", V(sink="ignored")))
+        alts.append(("sink_in_numerator", "the sink added to the numerator too (its value row taken as 1, not 0)",
+                     V(sink="numerator")))
     if spec.cu_seqlens_q is None:
         for t in tiles:
             if 0 < t and lk % t:

@@ -37,6 +37,8 @@ class Variant:
     dropout_rescale: bool = True
     lse_mode: str = "e"  # e | base2 | no_max
     online: Optional[Tuple[int, str]] = None  # (tile, "no_rescale" | "no_rescale_acc" | "no_rescale_sum")
+    descale_ignored: Optional[str] = None  # "q" | "k" | "v": that fp8 descale taken as 1
+    sink: str = "spec"  # spec | ignored (no sink) | numerator (the sink's value row is 1, not 0)
 
 
 def _segments(spec, lq: int, lk: int):
@@ -129,9 +131,13 @@ def expand_kv(k, v, hq: int, var: Variant):
 
 def alternative_forward(q, k, v, spec, var: Variant = Variant(), keep=None):
     """(out, lse) in float64 under the variant semantics (default Variant: the SPEC's, == reference)."""
-    q = q.detach().to("cpu", F64)
-    k = k.detach().to("cpu", F64)
-    v = v.detach().to("cpu", F64)
+    q, k, v = (t.detach().to("cpu") for t in (q, k, v))
+    if spec.has_descales:  # fp8: the upcast inputs times their descales (attnverify.fp8), one of them left out
+        from ..fp8 import descaled
+
+        drop = {f"{var.descale_ignored}_descale": None} if var.descale_ignored else {}
+        q, k, v, spec = descaled(q, k, v, spec.replace(**drop))
+    q, k, v = q.to(F64), k.to(F64), v.to(F64)
     b, hq, lq, _ = q.shape
     lk = k.shape[2]
     k, v = expand_kv(k, v, hq, var)
@@ -141,9 +147,15 @@ def alternative_forward(q, k, v, spec, var: Variant = Variant(), keep=None):
         k = torch.cat([k, torch.zeros(*k.shape[:2], pad, k.shape[3], dtype=F64)], dim=2)
         v = torch.cat([v, torch.zeros(*v.shape[:2], pad, v.shape[3], dtype=F64)], dim=2)
     s, positional = final_scores(q, k, spec, var, lq, lk, pad)
+    sink = int(spec.sinks is not None and var.sink != "ignored")
+    if sink:  # one more key of score sink_h whose value row is 0 (1 when the sink is added to the numerator)
+        logits = torch.as_tensor(spec.sinks).to("cpu", F64).reshape(1, hq, 1, 1).expand(b, hq, lq, 1)
+        s = torch.cat([s, logits], dim=-1)
+        v = torch.cat([v, torch.full((b, hq, 1, v.shape[3]), float(var.sink == "numerator"), dtype=F64)], dim=2)
     if var.online is not None:
         tile, mode = var.online
-        st = online_softmax(s, v, list(range(0, lk + pad, tile)) + [lk + pad], update=ONLINE_UPDATES[mode])
+        bounds = list(range(0, lk + pad, tile)) + [lk + pad] + ([lk + pad + 1] if sink else [])
+        st = online_softmax(s, v, sorted(set(bounds)), update=ONLINE_UPDATES[mode])
         out, lse = st.output(), st.lse()
     else:
         m = s.amax(-1, keepdim=True)
@@ -154,8 +166,8 @@ def alternative_forward(q, k, v, spec, var: Variant = Variant(), keep=None):
         p = e / torch.where(l > 0, l, torch.ones_like(l))
         if keep is not None and spec.dropout_p > 0:
             kp = keep.to("cpu", F64)
-            if pad:
-                kp = torch.cat([kp, torch.ones(*kp.shape[:3], pad, dtype=F64)], dim=-1)
+            if pad + sink:  # padded keys and the sink are never dropped
+                kp = torch.cat([kp, torch.ones(*kp.shape[:3], pad + sink, dtype=F64)], dim=-1)
             p = p * kp
             if var.dropout_rescale:
                 p = p / (1.0 - spec.dropout_p)

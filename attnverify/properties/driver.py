@@ -274,6 +274,8 @@ def _bug(prop, adapter, drawn, res, state, runner, profile, journal, report_dir,
     if attr is not None and attr.reduced is not None:  # a simpler failing neighbour is the case now
         drawn, res = attr.reduced
         desc = attr.describe
+    if attr is not None and attr.through:  # the needs are those of a call the property derived (a larger batch...)
+        desc = f"{desc}, seen through {attr.through}"
     a = attr.to_dict() if attr is not None else None
     needs = a["needs"] if a else []
     bug = {"property": prop.name, "adapter": adapter.name, "index": index, "drawn": drawn, "result": res.to_dict(),

@@ -24,7 +24,9 @@ class OnlineState:
     a: torch.Tensor  # (..., Dv) accumulator
 
     def output(self) -> torch.Tensor:
-        return torch.where(self.l > 0, self.a / torch.where(self.l > 0, self.l, torch.ones_like(self.l)), torch.zeros_like(self.a))
+        """a / l; 0 where no key was eligible (l == 0). Not `l > 0`: a NaN sum (a NaN input) stays NaN."""
+        live = self.l != 0
+        return torch.where(live, self.a / torch.where(live, self.l, torch.ones_like(self.l)), torch.zeros_like(self.a))
 
     def lse(self) -> torch.Tensor:
         return (self.m + torch.log(self.l)).squeeze(-1)

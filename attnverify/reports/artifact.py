@@ -151,7 +151,9 @@ def failure_context(report_dir: str, f: dict, adapter_info: Dict[str, dict]) -> 
     """Fill f with what its case page shows; returns (saved case dict, its path)."""
     path = case_path(report_dir, f)
     saved = load_case_file(path)
-    case = f.get("case") or (saved if saved and (saved.get("shapes") or saved.get("recipe")) else None)
+    # the saved case is what the failure's message and `attnverify repro` are about; the journal's last failing
+    # result can be an earlier one (the attribution reduces the shrunk case to a simpler failing neighbour)
+    case = saved if saved and (saved.get("shapes") or saved.get("recipe")) else f.get("case")
     f["case"] = case
     parent = os.path.dirname(report_dir)
     rel = (os.path.relpath(path, parent) if path else

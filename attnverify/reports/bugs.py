@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List
 
-from ..bugs import group, headline
+from ..bugs import diagnosis_for, group, headline
 from .artifact import load_case_file
 
 
@@ -25,13 +25,18 @@ def bug_section(report_dir: str, recs: List[dict], failures: List[dict]) -> Dict
     pages = {os.path.basename(str(f.get("case_file") or "")): f.get("link") for f in failures if f.get("case_file")}
     for g in groups:
         base = os.path.basename(str(g.get("case_file") or ""))
-        local = os.path.join(report_dir, "cases", base) if base else None
         g["case_rel"] = f"cases/{base}" if base else None
         g["link"] = pages.get(base)
-        g["diagnosis"] = ""
-        ev = load_case_file(local[:-5] + ".evidence.json") if local and local.endswith(".json") else None
-        if ev:
-            g["diagnosis"] = str((ev.get("diagnosis") or {}).get("summary") or "")
+        g["diagnosis"] = diagnosis_for(g, lambda case_file: _stored(report_dir, case_file))
         if not g.get("repro") and g["case_rel"]:
             g["repro"] = f"attnverify repro {g['case_rel']}"
     return {"headline": headline(groups) if groups else "", "bugs": groups}
+
+
+def _stored(report_dir: str, case_file: str):
+    """The diagnosis stored beside a case file of this report folder (by its basename), or None."""
+    base = os.path.basename(str(case_file or ""))
+    if not base.endswith(".json"):
+        return None
+    ev = load_case_file(os.path.join(report_dir, "cases", base[:-5] + ".evidence.json"))
+    return (ev or {}).get("diagnosis") or None
