@@ -1,0 +1,210 @@
+"""Pre-warm (`attnverify run --prewarm`, `--attn-prewarm`): compile what a run will launch before it starts.
+
+An adapter whose kernels compile on first use (a JIT: Triton, ...) pays every new specialisation inside the
+run, once per pytest-xdist worker that meets it first. With the pre-warm, the run's session start (in the
+process that drives the run, before any worker or judge starts) draws, for every selected property and every
+adapter that has a `prewarm` hook, the examples the run will draw (the property's own strategy and corpus,
+the run's seed, profile and example count, through `run_property` with a runner that judges nothing), and
+hands each drawn case to the adapter's hook, which compiles what calling the adapter on it (and its backward)
+launches, without running a kernel. The properties are spread over a pool of processes (every core): the
+compiles land in the adapter's shared cache (Triton: TRITON_CACHE_DIR), where the run's workers then find them.
+
+Only adapters that implement the hook are pre-warmed (the bundled `triton` does, attnverify/triton_prewarm.py);
+under the Triton interpreter (no GPU) it compiles nothing. It changes no verdict: the draws use no example
+database and the run's own draws are made afresh by the run (tests/test_prewarm.py checks both).
+
+The pool forks (the controlling process has touched no GPU: the plugin keeps it that way), so adapters and
+properties registered by a conftest.py are there in the pool too; without fork (Windows) it does nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+# set in the controlling process right before the pool forks; the workers read their task from it
+_PLAN: Dict[str, Any] = {}
+
+
+def default_workers() -> int:
+    """Every core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def keyword_selected(pairs, keyword: str) -> list:
+    """The (adapter, property) pairs whose test item `-k keyword` keeps (its id `test_<property>[<adapter>]`, the
+    suite's name and marker `attnverify`; substrings, case-insensitive, as pytest matches); all when it cannot tell."""
+    if not keyword:
+        return list(pairs)
+    try:
+        from _pytest.mark.expression import Expression
+
+        expr = Expression.compile(keyword)
+    except Exception:  # noqa: BLE001 - pytest reports a bad -k itself; pre-warming more is harmless
+        return list(pairs)
+
+    def keep(a, p) -> bool:
+        names = (f"test_{p.name}[{a.name}]", "attnverify")
+        return expr.evaluate(lambda sub, **_: any(sub.lower() in n.lower() for n in names))
+
+    return [(a, p) for a, p in pairs if keep(a, p)]
+
+
+def drawn_examples(prop, adapter, *, profile: str, seed: int, max_examples: Optional[int], device: str) -> List[Any]:
+    """The values `prop` draws for `adapter` in a run with this seed, profile and example count: its corpus, then
+    Hypothesis' draws (run_property with a runner that judges nothing and no example database; targeting and a
+    failure's shrinking, which depend on verdicts, are what may draw differently in the run)."""
+    from .properties.base import ExampleResult
+    from .properties.driver import PropertySkipped, run_property
+
+    out: List[Any] = []
+
+    def collect(_prop, _adapter, drawn):
+        out.append(drawn)
+        return ExampleResult(True, status="passed")
+
+    try:
+        run_property(prop, adapter, profile=profile, seed=seed, max_examples=max_examples, device=device,
+                     runner=collect, database=None, max_bugs=1)
+    except PropertySkipped:
+        pass
+    return out
+
+
+def calls_of(prop, adapter, drawn) -> List[tuple]:
+    """[(recipe dict, backward)] an example of `prop` asks of `adapter`: the drawn case, with its backward where the
+    property calls one (Property.calls_backward, CaseProperty.backward_cases) and the adapter claims it (calls a
+    property derives from the case, e.g. repeated KV heads or a bigger buffer around it, are not listed here)."""
+    if not isinstance(drawn, dict) or not isinstance(drawn.get("recipe"), dict):
+        return []
+    r = drawn["recipe"]
+    wants = bool(getattr(prop, "calls_backward", False) or getattr(prop, "backward_cases", False))
+    backward = (wants and bool(adapter.claims.backward) and r.get("cache_lens") is None
+                and not str(r.get("dtype", "")).startswith("float8"))
+    return [(r, backward)]
+
+
+def _draw_pair(i: int) -> tuple:
+    """In a pool process: the i-th pair's examples and its calls [(recipe, backward)], or the drawing's error."""
+    adapter, prop = _PLAN["pairs"][i]
+    try:
+        drawn = drawn_examples(prop, adapter, **_PLAN["settings"])
+    except Exception as e:  # noqa: BLE001 - a property that cannot draw here pre-warms nothing; the run says why
+        return 0, [], f"drawing: {type(e).__name__}: {e}"
+    return len(drawn), [c for ex in drawn for c in calls_of(prop, adapter, ex)], ""
+
+
+def _warm(task: tuple) -> tuple:
+    """In a pool process: one call of the plan."""
+    ai, recipe, backward = task
+    return (*warm_call(_PLAN["adapters"][ai], recipe, backward, _PLAN["scratch"]), os.getpid())
+
+
+def warm_call(adapter, recipe: dict, backward: bool, scratch: str) -> tuple:
+    """Hand one drawn case to the adapter's `prewarm` hook, in this process, with its inputs as `check` gives them to
+    the adapter (copies with the case's strides, no storage offset) and, where its layout is not contiguous, as the
+    metamorphic properties do (the case's own tensors, forward). -> (calls, compiles, error)."""
+    from .case import CaseRecipe, build_case
+    from .check import _leaf, unclaimed
+
+    calls = compiles = 0
+    try:
+        case = build_case(CaseRecipe.from_dict(recipe), label="prewarm", values=False)
+        if unclaimed(adapter, case):
+            return 0, 0, ""
+        variants = [(tuple(_leaf(t, backward) for t in (case.q, case.k, case.v)), backward)]
+        if recipe.get("layout", "contiguous") != "contiguous":
+            variants.append(((case.q, case.k, case.v), False))
+        for (q, k, v), bwd in variants:
+            calls += 1
+            compiles += int(adapter.prewarm(q, k, v, case.spec, backward=bwd, scratch=scratch) or 0)
+    except Exception as e:  # noqa: BLE001 - a call that fails to compile fails in the run, where it is judged
+        return calls, compiles, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return calls, compiles, ""
+
+
+def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] = None, device: str = "auto",
+                workers: Optional[int] = None) -> dict:
+    """Pre-warm the (adapter, property) pairs of a run (Adapter and Property objects; pairs whose adapter has no
+    `prewarm` hook, is unavailable here or is skipped by the property are left out) with the run's profile, seed,
+    example count and device, on `workers` processes (default: every core): first each pair's draws, then each
+    distinct call. Returns {"adapters": [names], "workers", "seconds", "draw_seconds", "examples", "calls",
+    "compiles", "compiles_per_process", "errors", "note", "per_property": [{adapter, property, examples, calls}]}."""
+    t0 = time.perf_counter()
+    pairs = [(a, p) for a, p in pairs if getattr(a, "prewarm", None) is not None and a.unavailable_reason() is None
+             and p.why_skipped(a) is None]
+    res: Dict[str, Any] = {"adapters": list(dict.fromkeys(a.name for a, _ in pairs)), "workers": 0, "seconds": 0.0,
+                           "draw_seconds": 0.0, "examples": 0, "calls": 0, "compiles": 0, "compiles_per_process": [], "errors": 0, "note": "",
+                           "per_property": []}
+    if not pairs:
+        res["note"] = ("no adapter of this run has a prewarm hook (only adapters with a JIT implement one, the bundled "
+                       "triton does) or no property selected runs for one: nothing to do")
+        return res
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+        raise ValueError(f"run_prewarm(workers={workers!r}): give a number of processes >= 1, or None for every core")
+    from .isolation import fork_available
+
+    if not fork_available():
+        res["note"] = "the pre-warm's pool forks, and this platform cannot fork: nothing done"
+        return res
+    n = workers or default_workers()
+    scratch = tempfile.mkdtemp(prefix="attnverify_prewarm_")
+    adapters: List[Any] = []
+    for a, _ in pairs:
+        if not any(a is x for x in adapters):
+            adapters.append(a)
+    _PLAN.update(pairs=pairs, adapters=adapters, scratch=scratch,
+                 settings=dict(profile=profile, seed=seed, max_examples=max_examples, device=device))
+    errors: List[str] = []
+    try:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork")) as pool:
+            drawn = list(pool.map(_draw_pair, range(len(pairs))))
+            res["draw_seconds"] = round(time.perf_counter() - t0, 3)
+            tasks, seen = [], set()
+            for (a, p), (examples, calls, err) in zip(pairs, drawn):
+                ai = next(i for i, x in enumerate(adapters) if x is a)
+                res["per_property"].append({"adapter": a.name, "property": p.name, "examples": examples,
+                                            "calls": len(calls)})
+                res["examples"] += examples
+                if err:
+                    errors.append(f"{p.name}: {err}")
+                for recipe, backward in calls:  # each distinct call once (the seed gives values, not kernels)
+                    key = (ai, json.dumps({k: v for k, v in recipe.items() if k != "seed"}, sort_keys=True,
+                                          default=str), backward)
+                    if key not in seen:
+                        seen.add(key)
+                        tasks.append((ai, recipe, backward))
+            by_process: Dict[int, int] = {}
+            for calls, compiles, err, pid in pool.map(_warm, tasks):
+                res["calls"] += calls
+                res["compiles"] += compiles
+                by_process[pid] = by_process.get(pid, 0) + compiles
+                if err:
+                    errors.append(err)
+            res["compiles_per_process"] = sorted(by_process.values(), reverse=True)
+    finally:
+        _PLAN.clear()
+        shutil.rmtree(scratch, ignore_errors=True)
+    res.update(workers=n, errors=len(errors), seconds=round(time.perf_counter() - t0, 3))
+    if errors:
+        res["note"] = f"{len(errors)} draws or calls did not compile here (they are judged in the run): {errors[0]}"
+    return res
+
+
+def summary_line(res: dict) -> str:
+    """One line for the terminal and the journal's reader."""
+    if not res["workers"]:
+        return f"attnverify prewarm: {res['note']}"
+    return (f"attnverify prewarm: {', '.join(res['adapters'])}: {res['examples']} examples drawn, {res['calls']} distinct "
+            f"calls, {res['compiles']} compiles in {res['seconds']:.1f} s ({res['draw_seconds']:.1f} s drawing) on "
+            f"{res['workers']} processes"
+            + (f"; {res['note']}" if res["note"] else ""))
