@@ -5,13 +5,17 @@ run, once per pytest-xdist worker that meets it first. With the pre-warm, the ru
 process that drives the run, before any worker or judge starts) draws, for every selected property and every
 adapter that has a `prewarm` hook, the examples the run will draw (the property's own strategy and corpus,
 the run's seed, profile and example count, through `run_property` with a runner that judges nothing), and
-hands each drawn case to the adapter's hook, which compiles what calling the adapter on it (and its backward)
-launches, without running a kernel. The properties are spread over a pool of processes (every core): the
-compiles land in the adapter's shared cache (Triton: TRITON_CACHE_DIR), where the run's workers then find them.
+runs each example's property once inside the hook's context, where the adapter's calls compile their kernels
+and run none: every call the property makes (the case, its backward, the calls it derives: repeated KV heads,
+the case inside a bigger buffer, other shapes in between) is compiled; its verdict is thrown away. The work is
+spread over a pool of processes (every core): the compiles land in the adapter's shared cache (Triton:
+TRITON_CACHE_DIR), where the run's workers then find them.
 
 Only adapters that implement the hook are pre-warmed (the bundled `triton` does, attnverify/triton_prewarm.py);
-under the Triton interpreter (no GPU) it compiles nothing. It changes no verdict: the draws use no example
-database and the run's own draws are made afresh by the run (tests/test_prewarm.py checks both).
+under the Triton interpreter (no GPU) there is nothing to compile and only the draws are made. It changes no
+verdict: the draws use no example database and the run's own draws are made afresh by the run
+(tests/test_prewarm.py checks both). What the pre-warm cannot foresee is compiled in the run as before: draws
+that depend on verdicts (targeting, shrinking a failure).
 
 The pool forks (the controlling process has touched no GPU: the plugin keeps it that way), so adapters and
 properties registered by a conftest.py are there in the pool too; without fork (Windows) it does nothing.
@@ -77,56 +81,35 @@ def drawn_examples(prop, adapter, *, profile: str, seed: int, max_examples: Opti
     return out
 
 
-def calls_of(prop, adapter, drawn) -> List[tuple]:
-    """[(recipe dict, backward)] an example of `prop` asks of `adapter`: the drawn case, with its backward where the
-    property calls one (Property.calls_backward, CaseProperty.backward_cases) and the adapter claims it (calls a
-    property derives from the case, e.g. repeated KV heads or a bigger buffer around it, are not listed here)."""
-    if not isinstance(drawn, dict) or not isinstance(drawn.get("recipe"), dict):
-        return []
-    r = drawn["recipe"]
-    wants = bool(getattr(prop, "calls_backward", False) or getattr(prop, "backward_cases", False))
-    backward = (wants and bool(adapter.claims.backward) and r.get("cache_lens") is None
-                and not str(r.get("dtype", "")).startswith("float8"))
-    return [(r, backward)]
-
-
 def _draw_pair(i: int) -> tuple:
-    """In a pool process: the i-th pair's examples and its calls [(recipe, backward)], or the drawing's error."""
+    """In a pool process: the i-th pair's drawn examples, or the drawing's error."""
     adapter, prop = _PLAN["pairs"][i]
     try:
-        drawn = drawn_examples(prop, adapter, **_PLAN["settings"])
+        return drawn_examples(prop, adapter, **_PLAN["settings"]), ""
     except Exception as e:  # noqa: BLE001 - a property that cannot draw here pre-warms nothing; the run says why
-        return 0, [], f"drawing: {type(e).__name__}: {e}"
-    return len(drawn), [c for ex in drawn for c in calls_of(prop, adapter, ex)], ""
+        return [], f"drawing: {type(e).__name__}: {e}"
 
 
 def _warm(task: tuple) -> tuple:
-    """In a pool process: one call of the plan."""
-    ai, recipe, backward = task
-    return (*warm_call(_PLAN["adapters"][ai], recipe, backward, _PLAN["scratch"]), os.getpid())
+    """In a pool process: one example of the plan -> (compiles, error, pid)."""
+    i, drawn = task
+    adapter, prop = _PLAN["pairs"][i]
+    return (*warm_example(adapter, prop, drawn, _PLAN["scratch"]), os.getpid())
 
 
-def warm_call(adapter, recipe: dict, backward: bool, scratch: str) -> tuple:
-    """Hand one drawn case to the adapter's `prewarm` hook, in this process, with its inputs as `check` gives them to
-    the adapter (copies with the case's strides, no storage offset) and, where its layout is not contiguous, as the
-    metamorphic properties do (the case's own tensors, forward). -> (calls, compiles, error)."""
-    from .case import CaseRecipe, build_case
-    from .check import _leaf, unclaimed
-
-    calls = compiles = 0
+def warm_example(adapter, prop, drawn, scratch: str) -> tuple:
+    """Judge one drawn example of `prop` inside the adapter's prewarm context, in this process: each call the property
+    makes compiles its kernels and runs none; the verdict is thrown away. -> (compiles, error); (0, "") when the hook
+    says there is nothing to compile here (an interpreter)."""
+    ctx = adapter.prewarm(scratch)
+    if ctx is None:
+        return 0, ""
     try:
-        case = build_case(CaseRecipe.from_dict(recipe), label="prewarm", values=False)
-        if unclaimed(adapter, case):
-            return 0, 0, ""
-        variants = [(tuple(_leaf(t, backward) for t in (case.q, case.k, case.v)), backward)]
-        if recipe.get("layout", "contiguous") != "contiguous":
-            variants.append(((case.q, case.k, case.v), False))
-        for (q, k, v), bwd in variants:
-            calls += 1
-            compiles += int(adapter.prewarm(q, k, v, case.spec, backward=bwd, scratch=scratch) or 0)
-    except Exception as e:  # noqa: BLE001 - a call that fails to compile fails in the run, where it is judged
-        return calls, compiles, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    return calls, compiles, ""
+        with ctx as counter:
+            prop.run_example(adapter, drawn)
+        return int(getattr(counter, "claimed", 0) or 0), ""
+    except Exception as e:  # noqa: BLE001 - what fails to compile here fails in the run, where it is judged
+        return 0, f"{prop.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] = None, device: str = "auto",
@@ -134,8 +117,9 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
     """Pre-warm the (adapter, property) pairs of a run (Adapter and Property objects; pairs whose adapter has no
     `prewarm` hook, is unavailable here or is skipped by the property are left out) with the run's profile, seed,
     example count and device, on `workers` processes (default: every core): first each pair's draws, then each
-    distinct call. Returns {"adapters": [names], "workers", "seconds", "draw_seconds", "examples", "calls",
-    "compiles", "compiles_per_process", "errors", "note", "per_property": [{adapter, property, examples, calls}]}."""
+    drawn example (judged inside the adapter's prewarm context). Returns {"adapters": [names], "workers", "seconds",
+    "draw_seconds", "examples", "calls" (examples judged), "compiles", "compiles_per_process", "errors", "note",
+    "per_property": [{adapter, property, examples}]}."""
     t0 = time.perf_counter()
     pairs = [(a, p) for a, p in pairs if getattr(a, "prewarm", None) is not None and a.unavailable_reason() is None
              and p.why_skipped(a) is None]
@@ -169,34 +153,34 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
         with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork")) as pool:
             drawn = list(pool.map(_draw_pair, range(len(pairs))))
             res["draw_seconds"] = round(time.perf_counter() - t0, 3)
-            tasks, seen = [], set()
-            for (a, p), (examples, calls, err) in zip(pairs, drawn):
-                ai = next(i for i, x in enumerate(adapters) if x is a)
-                res["per_property"].append({"adapter": a.name, "property": p.name, "examples": examples,
-                                            "calls": len(calls)})
-                res["examples"] += examples
+            tasks = []
+            for i, ((a, p), (examples, err)) in enumerate(zip(pairs, drawn)):
+                res["per_property"].append({"adapter": a.name, "property": p.name, "examples": len(examples)})
+                res["examples"] += len(examples)
                 if err:
                     errors.append(f"{p.name}: {err}")
-                for recipe, backward in calls:  # each distinct call once (the seed gives values, not kernels)
-                    key = (ai, json.dumps({k: v for k, v in recipe.items() if k != "seed"}, sort_keys=True,
-                                          default=str), backward)
+                seen = set()
+                for ex in examples:  # an example drawn twice (the corpus, a replay) is compiled once
+                    key = json.dumps(ex, sort_keys=True, default=str)
                     if key not in seen:
                         seen.add(key)
-                        tasks.append((ai, recipe, backward))
+                        tasks.append((i, ex))
+            # interleave the properties, so that the processes do not all meet the same first shapes at once
+            tasks.sort(key=lambda t: hash(json.dumps(t[1], sort_keys=True, default=str)) % 1009)
             by_process: Dict[int, int] = {}
-            for calls, compiles, err, pid in pool.map(_warm, tasks):
-                res["calls"] += calls
+            for compiles, err, pid in pool.map(_warm, tasks):
+                res["calls"] += 1
                 res["compiles"] += compiles
                 by_process[pid] = by_process.get(pid, 0) + compiles
                 if err:
                     errors.append(err)
-            res["compiles_per_process"] = sorted(by_process.values(), reverse=True)
+            res["compiles_per_process"] = sorted((c for c in by_process.values() if c), reverse=True)
     finally:
         _PLAN.clear()
         shutil.rmtree(scratch, ignore_errors=True)
     res.update(workers=n, errors=len(errors), seconds=round(time.perf_counter() - t0, 3))
     if errors:
-        res["note"] = f"{len(errors)} draws or calls did not compile here (they are judged in the run): {errors[0]}"
+        res["note"] = f"{len(errors)} examples raised here (they are judged in the run): {errors[0]}"
     return res
 
 
@@ -205,6 +189,6 @@ def summary_line(res: dict) -> str:
     if not res["workers"]:
         return f"attnverify prewarm: {res['note']}"
     return (f"attnverify prewarm: {', '.join(res['adapters'])}: {res['examples']} examples drawn, {res['calls']} distinct "
-            f"calls, {res['compiles']} compiles in {res['seconds']:.1f} s ({res['draw_seconds']:.1f} s drawing) on "
+            f"ones judged compile-only, {res['compiles']} compiles in {res['seconds']:.1f} s ({res['draw_seconds']:.1f} s drawing) on "
             f"{res['workers']} processes"
             + (f"; {res['note']}" if res["note"] else ""))

@@ -1,16 +1,16 @@
 """The pre-warm hook of adapters built on Triton kernels (the bundled `triton` uses it; yours may too).
 
-    @av.adapter("mine", ..., prewarm=lambda q, k, v, spec, *, backward, scratch:
-                triton_prewarm.compile_call(mine_fn, q, k, v, spec, backward=backward, scratch=scratch))
+    @av.adapter("mine", ..., prewarm=attnverify.triton_prewarm.compile_only_here)
 
-`compile_call` calls the adapter's function on the case with every Triton launch turned into a compile
-(`JITFunction.warmup`'s path: the kernel is compiled, or found in the disk cache, and not run; outputs stay
-uninitialised) and, with `backward`, its backward on a zero dO. Processes of one pre-warm share `scratch`: the
-first to reach a kernel's key claims it there (an empty file named by the key's hash, created exclusively) and
-compiles it, the others skip it, so each distinct key is compiled once however many processes meet it
-(Triton's `knobs.runtime.jit_cache_hook`, Triton 3.4+; without it every process compiles what it meets).
-The compiles land in Triton's cache (TRITON_CACHE_DIR, default ~/.triton/cache), where the run finds them.
-Under the Triton interpreter (TRITON_INTERPRET=1: no GPU) nothing is compiled and it returns 0.
+The hook is given the folder a pre-warm's processes share and returns a context manager (attnverify/prewarm.py
+runs each drawn example's property inside it), or None where there is nothing to compile (the interpreter:
+TRITON_INTERPRET=1, no GPU). Inside `compile_only(scratch)` every Triton launch of the process compiles and
+does not run (`JITFunction.warmup`'s path: the kernel is compiled, or found in the disk cache; outputs stay
+uninitialised), forward and backward alike. Processes of one pre-warm share `scratch`: the first to reach a
+kernel's key claims it there (an empty file named by the key's hash, created exclusively) and compiles it, the
+others skip it, so each distinct key is compiled once however many processes meet it (Triton's
+`knobs.runtime.jit_cache_hook`, Triton 3.4+; without it every process compiles what it meets). The compiles
+land in Triton's cache (TRITON_CACHE_DIR, default ~/.triton/cache), where the run finds them.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class _Claims:
 @contextlib.contextmanager
 def compile_only(scratch: str):
     """Within: every Triton launch in this process compiles and returns without running; yields the claims
-    counter (`.claimed`: the kernels this process compiled, or read from the disk cache, for the pre-warm)."""
+    counter (`.claimed`: the kernels compiled, or read from the disk cache, inside this context)."""
     from triton.runtime.jit import JITFunction
 
     claims = _Claims(scratch)
@@ -67,25 +67,7 @@ def compile_only(scratch: str):
             knobs.runtime.jit_cache_hook = hook
 
 
-def call_with_backward(fn, q, k, v, spec, *, backward: bool) -> None:
-    """`fn(q, k, v, spec)` and, with `backward`, its backward on a zero dO (the launches a property's call makes)."""
-    import torch
+def compile_only_here(scratch: str):
+    """The prewarm hook: `compile_only(scratch)`, or None under the interpreter (it compiles nothing)."""
+    return None if interpreting() else compile_only(scratch)
 
-    from .check import unpack_output
-
-    if backward:
-        q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-    with torch.enable_grad() if backward else torch.no_grad():
-        out, _, _ = unpack_output(fn(q, k, v, spec))
-    if backward and out.requires_grad:
-        torch.autograd.grad([out], [q, k, v], [torch.zeros_like(out)], allow_unused=True)
-
-
-def compile_call(fn, q, k, v, spec, *, backward: bool, scratch: str) -> int:
-    """Compile what `fn(q, k, v, spec)` (and with `backward` its backward) launches, without running a kernel.
-    Returns the number of kernels this call claimed and compiled (0 under the interpreter)."""
-    if interpreting():
-        return 0
-    with compile_only(scratch) as claims:
-        call_with_backward(fn, q, k, v, spec, backward=backward)
-    return claims.claimed

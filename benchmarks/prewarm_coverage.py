@@ -9,8 +9,9 @@ the pre-warm compiles.
    in a run), with each of the four kernels (forward, backward preprocess, dK/dV, dQ) wrapped to record the
    key of every launch before it runs.
 2. The pre-warm: the same properties, seed, profile and example count through the pre-warm's own steps
-   (attnverify.prewarm: drawn_examples, calls_of, warm_call) with the adapter's hook replaced by the call it
-   makes (triton_prewarm.call_with_backward) and the kernels by recorders that run nothing.
+   (attnverify.prewarm: drawn_examples, then warm_example: each example judged inside the hook's context) with
+   the hook's context replaced by one in which the kernels are recorders that run nothing (the interpreter's
+   tiles; the verdicts thrown away, as the pre-warm does).
 Keys are computed as benchmarks/compile_keys.py computes them (what triton.runtime.jit specialises on); both
 sides use the interpreter's tiles, so they compare like for like. Prints per kernel: the run's distinct keys,
 how many of them the pre-warm had, and the keys the pre-warm made that the run did not launch.
@@ -18,6 +19,7 @@ how many of them the pre-warm had, and the keys the pre-warm made that the run d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -70,10 +72,9 @@ def main(argv=None) -> int:
         sys.exit("prewarm_coverage: set TRITON_INTERPRET=1 (the run is judged under the interpreter)")
     from attnverify.adapters.base import Adapter
     from attnverify.adapters.registry import get
-    from attnverify.prewarm import calls_of, drawn_examples, warm_call
+    from attnverify.prewarm import drawn_examples, warm_example
     from attnverify.properties import get_property
     from attnverify.properties.driver import PropertyFailed, PropertySkipped, run_property
-    from attnverify.triton_prewarm import call_with_backward
 
     triton = get("triton")
     props = [get_property(p) for p in a.props.split(",") if p]
@@ -97,23 +98,25 @@ def main(argv=None) -> int:
             restore(saved)
         t1 = time.perf_counter()
         pre: dict = {}
-        saved = install(pre, tee=False)
-        hook = Adapter(name="triton", fn=triton.fn, claims=triton.claims, refuses=triton.refuses,
-                       prewarm=lambda q, k, v, spec, *, backward, scratch: call_with_backward(
-                           triton.fn, q, k, v, spec, backward=backward))
-        try:
-            drawn = drawn_examples(prop, hook, profile=a.profile, seed=a.seed, max_examples=a.examples, device="cpu")
-            calls = [c for ex in drawn for c in calls_of(prop, hook, ex)]
-            errors = [e for r, b in calls for e in [warm_call(hook, r, b, "")[2]] if e]
-        finally:
-            restore(saved)
+
+        @contextlib.contextmanager
+        def recording(scratch, pre=pre):  # the pre-warm's context with recorders for compiles: nothing runs
+            saved = install(pre, tee=False)
+            try:
+                yield None
+            finally:
+                restore(saved)
+
+        hook = Adapter(name="triton", fn=triton.fn, claims=triton.claims, refuses=triton.refuses, prewarm=recording)
+        drawn = drawn_examples(prop, hook, profile=a.profile, seed=a.seed, max_examples=a.examples, device="cpu")
+        errors = [e for ex in drawn for e in [warm_example(hook, prop, ex, "")[1]] if e]
         for name in set(mine) | set(pre):
             run_keys.setdefault(name, set()).update(mine.get(name, ()))
             pre_keys.setdefault(name, set()).update(pre.get(name, ()))
         got = sum(len(mine[k] & pre.get(k, set())) for k in mine)
         total = sum(len(v) for v in mine.values())
         print(f"- {prop.name}: run {verdict}, {n} examples, {total} distinct keys, {time.perf_counter() - t0:.0f} s "
-              f"(pre-warm side {time.perf_counter() - t1:.1f} s, {len(drawn)} examples, {len(calls)} calls"
+              f"(pre-warm side {time.perf_counter() - t1:.1f} s, {len(drawn)} examples"
               f"{', errors: ' + errors[0] if errors else ''}); pre-warm had {got} of them "
               f"({100 * got / max(total, 1):.0f}%), and {sum(len(pre[k] - mine.get(k, set())) for k in pre)} more",
               flush=True)

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import standin_driver  # noqa: E402
 
 import attnverify as av  # noqa: E402
-from attnverify.triton_prewarm import compile_call  # noqa: E402
+from attnverify.triton_prewarm import compile_only_here  # noqa: E402
 
 
 def _flash(q, k, v, spec):
@@ -30,9 +30,7 @@ def _flash(q, k, v, spec):
 
 # what a user's conftest.py would declare for a bf16 kernel of head dim 64: no window, no ALiBi, no varlen
 @av.adapter("user_triton_d64", register=False, dtypes=("bfloat16",), devices=("cpu",), head_dims=(64,),
-            causal=("none", "bottom_right"), backward=True, lse=True, max_seqlen=128,
-            prewarm=lambda q, k, v, spec, *, backward, scratch: compile_call(
-                _flash, q, k, v, spec, backward=backward, scratch=scratch))
+            causal=("none", "bottom_right"), backward=True, lse=True, max_seqlen=128, prewarm=compile_only_here)
 def user_triton_d64(q, k, v, spec):
     return _flash(q, k, v, spec)
 

@@ -74,12 +74,12 @@ def _machine_claims() -> dict:
                 **fp8_claims(cuda, dist_version("triton")))
 
 
-def _prewarm(q, k, v, spec, *, backward: bool, scratch: str) -> int:
-    """`--attn-prewarm`: compile what this call (and its backward) launches, without running it (attnverify/prewarm.py);
-    nothing under the interpreter."""
-    from ..triton_prewarm import compile_call
+def _prewarm(scratch: str):
+    """`--attn-prewarm` (attnverify/prewarm.py): a context in which the kernels compile and do not run; None under the
+    interpreter, which compiles nothing."""
+    from ..triton_prewarm import compile_only_here
 
-    return compile_call(triton.fn, q, k, v, spec, backward=backward, scratch=scratch)
+    return compile_only_here(scratch)
 
 
 def _refuses(case):

@@ -21,7 +21,6 @@ class NonDefaultStream(CaseProperty):
            "side stream behind a ~50 ms GPU sleep, so a kernel that launches on the default stream instead of the "
            "current one reads them before they exist.")
     case_kwargs = dict(dropout=False, poison=False)
-    calls_backward = True
     SLEEP_CYCLES = 100_000_000  # ~50-70 ms at H200 clocks
 
     def skip_reason(self, adapter):

@@ -32,7 +32,6 @@ class OutputsFullyWritten(CaseProperty):
            "shape, dtype, device and layout of out, LSE, dropout mask and gradients are as specified, "
            "with no self-overlap and no aliasing of the inputs.")
     case_kwargs = dict(dropout=False, poison=False)
-    calls_backward = True
 
     def judge(self, adapter, case, params):
         claims = adapter.claims
@@ -92,7 +91,6 @@ class NoOutOfBounds(CaseProperty):
            "pack, NaN/huge keys and values of one segment must not reach any other segment's rows. Views one "
            "element into a buffer (not 16-byte aligned) must be used or refused with an error, never fault.")
     case_kwargs = dict(dropout=False, poison=False, layouts=("contiguous",))
-    calls_backward = True
 
     def params(self, adapter):
         return st.fixed_dictionaries({"mode": st.sampled_from(("padded", "flat", "unaligned")),

@@ -31,7 +31,6 @@ class Determinism(CaseProperty):
     needs = ("deterministic",)
     case_kwargs = dict(dropout=False, poison=False)
     cost = 2.0  # two calls with backward per example
-    calls_backward = True
 
     def judge(self, adapter, case, params):
         bwd = adapter.claims.backward
@@ -51,7 +50,6 @@ class InputsUnmodified(CaseProperty):
     name = "inputs_unmodified"
     doc = "The adapter leaves q, k, v, the mask, ALiBi slopes and cu_seqlens untouched (values, strides, offset)."
     case_kwargs = dict(dropout=False, poison=False)
-    calls_backward = True
 
     def judge(self, adapter, case, params):
         before = _snapshot(case)

@@ -24,7 +24,6 @@ class RepeatAndInterleaveStable(MetamorphicProperty):
            "claims deterministic. One request alone equals the same request inside a larger batch (or varlen pack).")
     case_kwargs = dict(dropout=False, poison=False)
     cost = 6.0  # 11 calls, the interleaved shapes and a batched call per example
-    calls_backward = True
 
     def params(self, adapter):
         return st.fixed_dictionaries({"extra": st.integers(1, 2), "pos": st.integers(0, 2)})

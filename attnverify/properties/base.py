@@ -59,10 +59,6 @@ class Property:
     # the adapter a dozen times per example does not cost a dozen properties' time
     cost: float = 1.0
 
-    # whether an example calls the adapter's backward where the adapter claims one (the pre-warm compiles it then;
-    # CaseProperty's backward_cases implies it)
-    calls_backward: bool = False
-
     # True for the properties that draw fp8 cases (properties/fp8.py); the others draw none (attention_cases)
     draws_fp8: bool = False
 

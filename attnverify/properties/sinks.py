@@ -114,7 +114,6 @@ class SinksMatchReference(SinkProperty):
            "float64 reference, and with backward the sink's gradient matches the reference's dsinks; chunked local "
            "attention is drawn with the sinks where claimed.")
     case_kwargs = dict(dropout=False, poison=False)
-    calls_backward = True
 
     def params(self, adapter):
         if not adapter.claims.attention_chunk:
@@ -270,7 +269,6 @@ class ChunkedMatchesReference(CaseProperty):
            "(causal and window inside, per varlen segment); out, LSE and gradients match the float64 reference.")
     needs = ("attention_chunk",)
     case_kwargs = dict(dropout=False, poison=False)
-    calls_backward = True
 
     def params(self, adapter):
         return st.fixed_dictionaries({"attention_chunk": st.sampled_from(CHUNKS)})
