@@ -27,10 +27,12 @@ import os
 import shutil
 import tempfile
 import time
+import zlib
 from typing import Any, Dict, List, Optional
 
 # set in the controlling process right before the pool forks; the workers read their task from it
 _PLAN: Dict[str, Any] = {}
+TIMEOUT_S = 900.0  # the whole pre-warm at most (the H200's dev profile: about a minute expected)
 
 
 def default_workers() -> int:
@@ -113,11 +115,12 @@ def warm_example(adapter, prop, drawn, scratch: str) -> tuple:
 
 
 def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] = None, device: str = "auto",
-                workers: Optional[int] = None) -> dict:
+                workers: Optional[int] = None, timeout_s: float = TIMEOUT_S) -> dict:
     """Pre-warm the (adapter, property) pairs of a run (Adapter and Property objects; pairs whose adapter has no
     `prewarm` hook, is unavailable here or is skipped by the property are left out) with the run's profile, seed,
     example count and device, on `workers` processes (default: every core): first each pair's draws, then each
-    drawn example (judged inside the adapter's prewarm context). Returns {"adapters": [names], "workers", "seconds",
+    drawn example (judged inside the adapter's prewarm context); stopped after `timeout_s` seconds (a hang must
+    not hold the run). Returns {"adapters": [names], "workers", "seconds",
     "draw_seconds", "examples", "calls" (examples judged), "compiles", "compiles_per_process", "errors", "note",
     "per_property": [{adapter, property, examples}]}."""
     t0 = time.perf_counter()
@@ -146,36 +149,42 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
     _PLAN.update(pairs=pairs, adapters=adapters, scratch=scratch,
                  settings=dict(profile=profile, seed=seed, max_examples=max_examples, device=device))
     errors: List[str] = []
-    try:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+    deadline = time.monotonic() + timeout_s
+    import multiprocessing
 
-        with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork")) as pool:
-            drawn = list(pool.map(_draw_pair, range(len(pairs))))
-            res["draw_seconds"] = round(time.perf_counter() - t0, 3)
-            tasks = []
-            for i, ((a, p), (examples, err)) in enumerate(zip(pairs, drawn)):
-                res["per_property"].append({"adapter": a.name, "property": p.name, "examples": len(examples)})
-                res["examples"] += len(examples)
-                if err:
-                    errors.append(f"{p.name}: {err}")
-                seen = set()
-                for ex in examples:  # an example drawn twice (the corpus, a replay) is compiled once
-                    key = json.dumps(ex, sort_keys=True, default=str)
-                    if key not in seen:
-                        seen.add(key)
-                        tasks.append((i, ex))
-            # interleave the properties, so that the processes do not all meet the same first shapes at once
-            tasks.sort(key=lambda t: hash(json.dumps(t[1], sort_keys=True, default=str)) % 1009)
-            by_process: Dict[int, int] = {}
-            for compiles, err, pid in pool.map(_warm, tasks):
-                res["calls"] += 1
-                res["compiles"] += compiles
-                by_process[pid] = by_process.get(pid, 0) + compiles
-                if err:
-                    errors.append(err)
-            res["compiles_per_process"] = sorted((c for c in by_process.values() if c), reverse=True)
+    pool = multiprocessing.get_context("fork").Pool(n)
+    try:
+        drawn = pool.map_async(_draw_pair, range(len(pairs))).get(max(1.0, deadline - time.monotonic()))
+        res["draw_seconds"] = round(time.perf_counter() - t0, 3)
+        tasks = []
+        for i, ((a, p), (examples, err)) in enumerate(zip(pairs, drawn)):
+            res["per_property"].append({"adapter": a.name, "property": p.name, "examples": len(examples)})
+            res["examples"] += len(examples)
+            if err:
+                errors.append(f"{p.name}: {err}")
+            seen = set()
+            for ex in examples:  # an example drawn twice (the corpus, a replay) is judged once
+                key = json.dumps(ex, sort_keys=True, default=str)
+                if key not in seen:
+                    seen.add(key)
+                    tasks.append((i, ex))
+        # interleave the properties, so that the processes do not all meet the same first shapes at once
+        tasks.sort(key=lambda t: zlib.crc32(json.dumps(t[1], sort_keys=True, default=str).encode()))
+        by_process: Dict[int, int] = {}
+        results = pool.imap_unordered(_warm, tasks)
+        for _ in tasks:
+            compiles, err, pid = results.next(max(1.0, deadline - time.monotonic()))
+            res["calls"] += 1
+            res["compiles"] += compiles
+            by_process[pid] = by_process.get(pid, 0) + compiles
+            if err:
+                errors.append(err)
+        res["compiles_per_process"] = sorted((c for c in by_process.values() if c), reverse=True)
+    except multiprocessing.TimeoutError:  # a hang here must not hold the run: what is compiled is kept
+        errors.insert(0, f"stopped after {timeout_s:g} s (the run compiles the rest)")
     finally:
+        pool.terminate()
+        pool.join()
         _PLAN.clear()
         shutil.rmtree(scratch, ignore_errors=True)
     res.update(workers=n, errors=len(errors), seconds=round(time.perf_counter() - t0, 3))

@@ -190,3 +190,29 @@ def test_the_cli_passes_prewarm_to_the_plugin():
     assert "--attn-prewarm" in cli.pytest_args_for_run(ns, [], gpu=True)
     ns, _ = cli.build_parser().parse_known_args(["run", "--adapter", "triton"])
     assert "--attn-prewarm" not in cli.pytest_args_for_run(ns, [], gpu=True)
+
+
+class _Hangs:
+    def __enter__(self):
+        import time
+
+        time.sleep(120)
+
+    def __exit__(self, *exc):
+        return None
+
+
+@av.adapter("hangs_in_prewarm", register=False, dtypes=("float32",), devices=("cpu",), prewarm=lambda scratch: _Hangs())
+def hangs_in_prewarm(q, k, v, spec):
+    return q
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the pre-warm's pool forks; this platform has no fork")
+def test_a_hang_in_the_prewarm_does_not_hold_the_run():
+    import time
+
+    t0 = time.monotonic()
+    res = run_prewarm([(hangs_in_prewarm, get_property("forward_matches_reference"))], profile="ci", seed=1,
+                      max_examples=2, workers=2, timeout_s=5)
+    assert time.monotonic() - t0 < 60
+    assert res["examples"] > 0 and res["errors"] >= 1 and "stopped after 5 s" in res["note"], res
