@@ -135,10 +135,13 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
         return res
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
         raise ValueError(f"run_prewarm(workers={workers!r}): give a number of processes >= 1, or None for every core")
-    from .isolation import fork_available
+    from .isolation import cuda_initialised, fork_available
 
     if not fork_available():
         res["note"] = "the pre-warm's pool forks, and this platform cannot fork: nothing done"
+        return res
+    if cuda_initialised():  # a forked child of a process with a CUDA context cannot use CUDA
+        res["note"] = "CUDA is already initialised in this process, so its pool cannot fork: nothing done"
         return res
     n = workers or default_workers()
     scratch = tempfile.mkdtemp(prefix="attnverify_prewarm_")
