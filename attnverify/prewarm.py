@@ -101,17 +101,17 @@ def _warm(task: tuple) -> tuple:
 
 def warm_example(adapter, prop, drawn, scratch: str) -> tuple:
     """Judge one drawn example of `prop` inside the adapter's prewarm context, in this process: each call the property
-    makes compiles its kernels and runs none; the verdict is thrown away. -> (compiles, error); (0, "") when the hook
-    says there is nothing to compile here (an interpreter)."""
+    makes compiles its kernels and runs none; the verdict is thrown away. -> (judged, compiles, error); judged is
+    False when the hook says there is nothing to compile here (an interpreter: no context)."""
     ctx = adapter.prewarm(scratch)
     if ctx is None:
-        return 0, ""
+        return False, 0, ""
     try:
         with ctx as counter:
             prop.run_example(adapter, drawn)
-        return int(getattr(counter, "claimed", 0) or 0), ""
+        return True, int(getattr(counter, "claimed", 0) or 0), ""
     except Exception as e:  # noqa: BLE001 - what fails to compile here fails in the run, where it is judged
-        return 0, f"{prop.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return True, 0, f"{prop.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] = None, device: str = "auto",
@@ -176,8 +176,8 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
         by_process: Dict[int, int] = {}
         results = pool.imap_unordered(_warm, tasks)
         for _ in tasks:
-            compiles, err, pid = results.next(max(1.0, deadline - time.monotonic()))
-            res["calls"] += 1
+            judged, compiles, err, pid = results.next(max(1.0, deadline - time.monotonic()))
+            res["calls"] += int(judged)
             res["compiles"] += compiles
             by_process[pid] = by_process.get(pid, 0) + compiles
             if err:
@@ -193,6 +193,8 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
     res.update(workers=n, errors=len(errors), seconds=round(time.perf_counter() - t0, 3))
     if errors:
         res["note"] = f"{len(errors)} examples raised here (they are judged in the run): {errors[0]}"
+    elif res["examples"] and not res["calls"]:
+        res["note"] = "nothing to compile here (the adapters' hooks gave no context: an interpreter, no GPU)"
     return res
 
 

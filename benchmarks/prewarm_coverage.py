@@ -109,7 +109,7 @@ def main(argv=None) -> int:
 
         hook = Adapter(name="triton", fn=triton.fn, claims=triton.claims, refuses=triton.refuses, prewarm=recording)
         drawn = drawn_examples(prop, hook, profile=a.profile, seed=a.seed, max_examples=a.examples, device="cpu")
-        errors = [e for ex in drawn for e in [warm_example(hook, prop, ex, "")[1]] if e]
+        errors = [e for ex in drawn for e in [warm_example(hook, prop, ex, "")[2]] if e]
         for name in set(mine) | set(pre):
             run_keys.setdefault(name, set()).update(mine.get(name, ()))
             pre_keys.setdefault(name, set()).update(pre.get(name, ()))
