@@ -111,7 +111,8 @@ run_triton() {  # $1 label, $2 cache folder, $3 cap in s, $4.. extra run options
   export TRITON_CACHE_DIR="$cache"
   local t0; t0=$(now)
   echo "=== $label: TRITON_CACHE_DIR=$cache, cap $cap s, options: $*" >> "$OUT/triton.log"
-  (cd "$W" && timeout "$cap" $py -m attnverify.cli run --adapter triton --profile dev --max-examples 25 -n 4 \
+  mkdir -p "$W/cwd_$label"  # its own folder: its own (empty) Hypothesis example database, so the same seed draws alike
+  (cd "$W/cwd_$label" && timeout "$cap" $py -m attnverify.cli run --adapter triton --profile dev --max-examples 25 -n 4 \
      ${TRITON_K:+-k "$TRITON_K"} --seed 1 --report "$rep" --no-html -q "$@") >> "$OUT/triton.log" 2>&1
   local rc=$? t1; t1=$(now)
   $py - "$rep" "$rc" "$t0" "$t1" "$cap" "$label" "$cache" >> "$summary" <<'PY'
@@ -160,6 +161,23 @@ run_triton prewarm "$W/cache_a" "$TRITON_T" --prewarm
 run_triton warm "$W/cache_a" "$TRITON_T"
 left=$($py -c "import sys; print(max(60, int($TOTAL_T - (float(sys.argv[2]) - float(sys.argv[1])))))" "$s0" "$(now)")
 run_triton cold "$W/cache_b" "$left"
+# same seed, same draws and verdicts? (the examples all three runs judged, by property and index)
+$py - "$W" >> "$summary" <<'PY'
+import json, os, sys
+from attnverify.journal import last_run
+runs = {}
+for label in ("prewarm", "warm", "cold"):
+    path = os.path.join(sys.argv[1], "triton_" + label)
+    recs = last_run(path) if os.path.exists(os.path.join(path, "results.jsonl")) else []
+    drawn = {(r.get("property"), r.get("index")): json.dumps(r.get("drawn"), sort_keys=True) for r in recs
+             if r.get("event") == "case_start"}
+    runs[label] = {(r.get("property"), r.get("index")): (drawn.get((r.get("property"), r.get("index"))), r.get("status"),
+                   round(float(r.get("severity") or 0), 9)) for r in recs if r.get("event") == "result"}
+common = set.intersection(*(set(v) for v in runs.values()))
+differ = sorted(k for k in common if len({runs[l][k] for l in runs}) > 1)
+print(f"## Same seed, same verdicts\n\n{len(common)} examples judged by all three runs (same property and index): "
+      f"{'all alike (drawn case, status, severity)' if not differ else f'{len(differ)} differ, first {differ[:3]}'}\n")
+PY
 (cd "$W" && tar czf "$OUT/triton_journals.tar.gz" triton_prewarm/results.jsonl triton_warm/results.jsonl \
    triton_cold/results.jsonl 2>/dev/null)
 cat "$summary"
