@@ -143,6 +143,7 @@ def test_same_seed_same_verdicts_with_and_without_the_prewarm(pytester, monkeypa
     assert {p["property"] for p in events[0]["per_property"]} == {"forward_matches_reference", "value_scaling"}
 
 
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # JAX, when another test of this worker imported it
 def test_under_the_interpreter_the_triton_hook_compiles_nothing(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert compile_only_here("/nonexistent") is None
@@ -209,6 +210,7 @@ def hangs_in_prewarm(q, k, v, spec):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the pre-warm's pool forks; this platform has no fork")
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # JAX, when another test of this worker imported it
 def test_a_hang_in_the_prewarm_does_not_hold_the_run():
     import time
 
