@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -116,7 +117,8 @@ def main(argv=None) -> int:
         c, h = ph.get("cold", {}), ph.get("disk-cache hit", {})
         print(f"| {cfg} | " + " | ".join(f"{c.get(k, 0):.2f} / {h.get(k, 0):.3f}" for k in kernels)
               + f" | {c.get('total', 0):.2f} / {h.get('total', 0):.3f} |")
-    print(f"\n(cache: {cache}, {sum(len(f) for _, _, f in os.walk(cache))} files)")
+    print(f"\n({sum(len(f) for _, _, f in os.walk(cache))} files in the cache)")
+    shutil.rmtree(cache, ignore_errors=True)
     return 0
 
 

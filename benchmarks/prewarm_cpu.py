@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -108,10 +109,14 @@ def main(argv=None) -> int:
         print(json.dumps(step(a.step, props, a.examples, a.seed, a.workers)), flush=True)
         return 0
     caches = [tempfile.mkdtemp(prefix="prewarm_cpu_") for _ in range(3)]
-    cold = _child("run", caches[0], a)
-    serial = _child("prewarm", caches[1], argparse.Namespace(**{**vars(a), "workers": 1}))
-    pool = _child("prewarm", caches[2], a)
-    after = _child("run", caches[2], a)
+    try:
+        cold = _child("run", caches[0], a)
+        serial = _child("prewarm", caches[1], argparse.Namespace(**{**vars(a), "workers": 1}))
+        pool = _child("prewarm", caches[2], a)
+        after = _child("run", caches[2], a)
+    finally:
+        for c in caches:
+            shutil.rmtree(c, ignore_errors=True)
     for r in (cold, serial, pool, after):
         print(json.dumps({k: v for k, v in r.items() if k != "kernels"}), flush=True)
     run_keys = set(cold["kernels"])
