@@ -99,6 +99,8 @@ def pytest_args_for_run(ns, extra: List[str], *, gpu: Optional[bool] = None, out
             args.append(f"{flag}={val}")
     if getattr(ns, "allow_untested", False):
         args.append("--attn-allow-untested")
+    if getattr(ns, "prewarm", False):
+        args.append("--attn-prewarm")
     if ns.numprocesses is not None:
         args += ["-n", str(ns.numprocesses)]
     if ns.keyword:
@@ -384,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ray-shards", type=int, metavar="N", help="with --ray: shards (default: the cluster's GPUs, else CPUs)")
     r.add_argument("--ray-retries", type=int, default=3, metavar="R",
                    help="with --ray: retries of a shard whose worker or node was lost (default 3)")
+    r.add_argument("--prewarm", "--attn-prewarm", dest="prewarm", action="store_true",
+                   help="compile what the run will launch first, in parallel on every core (adapters with a JIT: "
+                        "the bundled triton on a GPU); the same verdicts")
     r.add_argument("-n", "--numprocesses", dest="numprocesses", help="pytest-xdist workers (auto, N)")
     r.add_argument("-k", dest="keyword", help="pytest -k expression over test ids")
     r.add_argument("-q", "--quiet", action="store_true")

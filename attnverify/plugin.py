@@ -20,6 +20,7 @@ wins, then the environment, then the ini file):
     --attn-max-bugs N        attn_max_bugs       ATTNVERIFY_MAX_BUGS      distinct bugs per property (ci 1, else 3)
     --attn-shard K/N         attn_shard          ATTNVERIFY_SHARD         run the K-th of N slices (attnverify.shards)
     --attn-db URL            attn_db             ATTNVERIFY_DB            shared example database (attnverify.exampledb)
+    --attn-prewarm           attn_prewarm        ATTNVERIFY_PREWARM       compile the run's kernels first (attnverify.prewarm)
 
 A run in which a requested adapter tested nothing (unavailable here, or every property skipped) fails
 with a message saying why and how to fix it (attnverify.untested) unless --attn-allow-untested is given.
@@ -132,7 +133,7 @@ def pytest_configure(config):
         seed=int(seed), seed_given=seed_given, device=vals["attn_device"], max_examples=vals["attn_max_examples"],
         isolate=isolate, timeout=float(vals["attn_timeout"]), only=bool(vals["attn_only"]), run_id=run_id,
         worker=worker, allow_untested=bool(vals["attn_allow_untested"]), cwd=str(config.invocation_params.dir),
-        max_bugs=vals["attn_max_bugs"],
+        max_bugs=vals["attn_max_bugs"], prewarm=bool(vals["attn_prewarm"]),
     )
     _shard_db(config, s)
     if s.max_bugs is not None and s.max_bugs < 1:
@@ -164,6 +165,8 @@ def pytest_sessionstart(session):
             "argv": list(config.invocation_params.args),
             **_shards().run_start_record([a.name for a in s.adapters], [p.name for p in s.properties], s.shard),
         })
+        if s.prewarm:  # before xdist starts its workers (its sessionstart runs last) and before any judge forks
+            _prewarm(session, s)
 
 
 def pytest_report_header(config):
@@ -304,6 +307,26 @@ __all__ = [
     "option_values", "Settings", "settings_key", "get_settings", "AttnSuite", "AttnFailure", "KnownFinding",
     "PropertyItem", "gpu_count_without_cuda", "gpu_for_worker", "pin_worker_gpu", "visible_devices",
 ]
+
+
+def _prewarm(session, s) -> None:
+    """--attn-prewarm: compile what the run will launch (attnverify.prewarm), journaled and said on the terminal."""
+    from . import prewarm
+
+    pairs = [(a, p) for a in s.adapters for p in s.properties]
+    if s.shard is not None:
+        mine = set(_shards().shard_pairs([a.name for a in s.adapters], [p.name for p in s.properties], s.shard))
+        pairs = [(a, p) for a, p in pairs if (a.name, p.name) in mine]
+    pairs = prewarm.keyword_selected(pairs, session.config.getoption("keyword", ""))
+    res = prewarm.run_prewarm(pairs, profile=s.profile, seed=s.seed, max_examples=s.max_examples, device=s.device)
+    s.journal.write({"event": "prewarm", **{k: v for k, v in res.items() if k != "per_property"},
+                     "per_property": res["per_property"]})
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    line = prewarm.summary_line(res)
+    if tr is not None:
+        tr.write_line(line)
+    else:
+        print(line, file=sys.stderr)
 
 
 def _shards():

@@ -39,6 +39,7 @@ class Settings:
     max_bugs: Optional[int] = None  # --attn-max-bugs (None: the profile's, attnverify.properties.profiles.MAX_BUGS)
     shard: Optional[tuple] = None  # --attn-shard (K, N) (attnverify.shards); database: --attn-db's (attnverify.exampledb)
     database: Any = ...
+    prewarm: bool = False  # --attn-prewarm (attnverify.prewarm): compile the run's kernels before it starts
 
     @property
     def is_worker(self) -> bool:

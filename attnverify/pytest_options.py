@@ -61,6 +61,9 @@ OPTIONS = (
          "needs (default: the profile's, 1 in ci, 3 in dev and thorough)", kind="int"),
     _Opt("attn_shard", "--attn-shard", "attn_shard", "ATTNVERIFY_SHARD", None,
          "run only shard K of N (e.g. 2/4): a stable slice of the (adapter, property) pairs; N jobs cover the run"),
+    _Opt("attn_prewarm", "--attn-prewarm", "attn_prewarm", "ATTNVERIFY_PREWARM", False,
+         "before the run, compile what it will launch, in parallel on every core, for adapters with a JIT (the bundled "
+         "triton on a GPU; attnverify.prewarm); changes no verdict", kind="flag"),
     _Opt("attn_db", "--attn-db", "attn_db", "ATTNVERIFY_DB", None,
          "shared example database beside the local one: redis://HOST:PORT/N or github:OWNER/REPO[/ARTIFACT]"),
 )

@@ -1,32 +1,33 @@
 #!/usr/bin/env bash
 # The fuzzer's own speed on one GPU (issue 25 item 3), in one go, under 5 minutes; results in $OUT.
 #
-#   export PYTHONPATH=$PWD PYTEST_PLUGINS=attnverify.plugin; bash benchmarks/throughput_h200.sh
+#   export PYTHONPATH=$PWD PYTEST_PLUGINS=attnverify.plugin; FLASH_T=0 bash benchmarks/throughput_h200.sh
 #
-# 1. sdpa-flash, forward_matches_reference, dev profile, one worker (-n 1), judged in a forked child
-#    (crash isolation, the default): examples/s of the property (examples / the test item's wall time).
-#    Target: >= 100 examples/s per worker. Then the same with --isolate none, for the cost of isolation.
-# 2. triton, the whole dev profile (every property, 25 examples each: --max-examples 25), 4 workers
-#    (-n 4), with an empty Triton cache (TRITON_CACHE_DIR in a fresh folder: every compile is paid, as on
-#    a new machine). Target: <= 120 s wall. Stopped at TRITON_T seconds (default 180) if it runs longer;
-#    the split of what it judged until then is printed all the same.
+# 1. (skipped with FLASH_T=0) sdpa-flash, forward_matches_reference, dev profile, one worker (-n 1), judged in a
+#    forked child (crash isolation, the default): examples/s of the property (examples / the test item's wall
+#    time). Target: >= 100 examples/s per worker. Then the same with --isolate none, for the cost of isolation.
+# 2. triton, the whole dev profile (every property, 25 examples each: --max-examples 25), 4 workers (-n 4),
+#    seed 1, three ways, each against the target <= 120 s wall: (a) an empty Triton cache (TRITON_CACHE_DIR in a
+#    fresh folder) with --prewarm (the run's kernels compiled on every core before the workers start: its time is
+#    part of the wall); (b) a second run on the cache (a) left (every compile a disk-cache hit: a cache kept
+#    between runs); (c) an empty cache without the pre-warm (every compile paid in the run, as on a new machine).
+#    (a) and (b) are stopped at TRITON_T seconds (default 150), (c) at what is left of TOTAL_T (default 300 s,
+#    at least 60 s); the split of what a stopped run judged is printed all the same.
 # Each run's time split (attnverify/timesplit.py: draw, journal, transfer, case, adapter, compile,
-# reference, baseline, compare, other; mean ms per example) is printed from its journal by
-# benchmarks/time_split.py, and kept in $OUT with the journals.
+# reference, baseline, compare, other; mean ms per example) is printed from its journal, with the pre-warm's
+# own counts (seconds, compiles) and the kernels in the cache afterwards.
 #
-# $OUT (at most 8 files): summary.md, flash.log, flash_none.log, triton.log, flash_results.jsonl,
-# triton_results.jsonl, versions.txt, and with PROFILE_FLASH=1 flash_profile.txt: the --isolate none run
-# under cProfile (everything in one process), its top functions by own time and by cumulative time.
+# $OUT (at most 8 files): summary.md, versions.txt, triton.log (the three runs' output), triton_journals.tar.gz
+# (their journals); with FLASH_T > 0 also flash.log, flash_none.log, flash_results.jsonl, and with
+# PROFILE_FLASH=1 flash_profile.txt: the --isolate none run under cProfile, its top functions.
 #
-# Under 2 minutes (issue 25's re-measurement; the caps stop a run, its split is still read from its journal):
-#   FLASH_T=25 TRITON_T=60 PROFILE_FLASH=1 bash benchmarks/throughput_h200.sh
+# Dry run on a CPU (no GPU: the interpreter compiles nothing, so the pre-warm only draws; a few properties):
+#   FLASH=sdpa-math FLASH_T=20 TRITON_K="forward_matches or lse_matches" TRITON_T=200 TOTAL_T=60 \
+#     PY=/path/to/.venv/bin/python TRITON_INTERPRET=1 bash benchmarks/throughput_h200.sh
 set -u
 OUT=${OUT:-/tmp/throughput}; mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTEST_PLUGINS=${PYTEST_PLUGINS-attnverify.plugin} PYTHONUNBUFFERED=1
-TRITON_T=${TRITON_T:-180}
-FLASH_T=${FLASH_T:-45}  # each sdpa-flash run; worst case 2 x 45 + 180 s + start, under 5 minutes
-# for a dry run on a CPU only: FLASH=sdpa-math TRITON_K=forward_matches TRITON_T=60 PY=.venv/bin/python
-# PYTEST_PLUGINS= (where attnverify is pip-installed; defaults: the issue's runs with python3)
+FLASH_T=${FLASH_T:-45}  # each sdpa-flash run (0: none); FLASH_T=0: 150 + 150 + the rest of 300 s, about 5 minutes
 FLASH=${FLASH:-sdpa-flash}
 W=$(mktemp -d /tmp/throughput.XXXXXX)
 py=${PY:-python3}
@@ -46,7 +47,8 @@ summary="$OUT/summary.md"
 { echo "# Fuzzer throughput, $(date -u +%Y-%m-%dT%H:%MZ), $(grep '^gpu' "$OUT/versions.txt")"; echo; } > "$summary"
 
 # 1. sdpa-flash, forward_matches_reference, one worker
-for iso in subprocess none; do
+isos="subprocess none"; [ "$FLASH_T" = 0 ] && isos=""
+for iso in $isos; do
   log="$OUT/flash.log"; [ "$iso" = none ] && log="$OUT/flash_none.log"
   rep="$W/flash_$iso"
   prof=()
@@ -97,20 +99,28 @@ print()
 PY
 done
 
-# 2. triton, every property of the dev profile, 25 examples each, 4 workers, cold Triton cache
-export TRITON_CACHE_DIR="$W/triton_cache"
-rep="$W/triton"
-t0=$(now)
-(cd "$W" && timeout "$TRITON_T" $py -m attnverify.cli run --adapter triton --profile dev --max-examples 25 -n 4 \
-   ${TRITON_K:+-k "$TRITON_K"} --seed 1 --report "$rep" --no-html -q) > "$OUT/triton.log" 2>&1
-rc=$?; t1=$(now)
-cp "$rep/results.jsonl" "$OUT/triton_results.jsonl" 2>/dev/null
-$py - "$rep" "$rc" "$t0" "$t1" "$TRITON_T" >> "$summary" <<'PY'
-import sys
+# 2. triton, every property of the dev profile, 25 examples each, 4 workers, seed 1, three ways:
+#    prewarm: an empty Triton cache and --prewarm (the run's kernels compiled on every core first; its time counts)
+#    warm:    a second run on the cache the first left (every compile a disk-cache hit)
+#    cold:    an empty Triton cache, no pre-warm (every compile paid inside the run, by each worker that meets it)
+# Each is stopped at its cap (TRITON_T for the first two, default 150 s; the cold one gets what is left of
+# TOTAL_T, default 300 s, at least 60 s), and said MET or NOT MET against 120 s with its time split.
+run_triton() {  # $1 label, $2 cache folder, $3 cap in s, $4.. extra run options
+  local label=$1 cache=$2 cap=$3; shift 3
+  local rep="$W/triton_$label"
+  export TRITON_CACHE_DIR="$cache"
+  local t0; t0=$(now)
+  echo "=== $label: TRITON_CACHE_DIR=$cache, cap $cap s, options: $*" >> "$OUT/triton.log"
+  mkdir -p "$W/cwd_$label"  # its own folder: its own (empty) Hypothesis example database, so the same seed draws alike
+  (cd "$W/cwd_$label" && timeout "$cap" $py -m attnverify.cli run --adapter triton --profile dev --max-examples 25 -n 4 \
+     ${TRITON_K:+-k "$TRITON_K"} --seed 1 --report "$rep" --no-html -q "$@") >> "$OUT/triton.log" 2>&1
+  local rc=$? t1; t1=$(now)
+  $py - "$rep" "$rc" "$t0" "$t1" "$cap" "$label" "$cache" >> "$summary" <<'PY'
+import os, sys
 from attnverify.journal import last_run
 from attnverify.split_table import split_rows, split_table
-rep, rc, t0, t1, cap = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
-recs = last_run(rep)
+rep, rc, t0, t1, cap, label, cache = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5], sys.argv[6], sys.argv[7]
+recs = last_run(rep) if os.path.exists(os.path.join(rep, "results.jsonl")) else []
 wall = t1 - t0
 ends = [r for r in recs if r.get("event") == "test_end"]
 outcomes = {}
@@ -118,19 +128,57 @@ for r in ends:
     outcomes[r.get("outcome")] = outcomes.get(r.get("outcome"), 0) + 1
 stopped = rc in (124, 137)
 if stopped:
-    verdict = "NOT MET (stopped at the cap)"
+    verdict = (f"NOT MET (stopped at the {cap} s cap)" if float(cap) >= 120
+               else f"NOT MEASURED (stopped at the {cap} s cap, before 120 s)")
 elif rc not in (0, 1) or not ends:  # 1: a property failed (a finding), the run itself completed
     verdict = f"NOT MEASURED (the run did not complete: exit {rc}, see triton.log)"
 else:
     verdict = "MET" if wall <= 120 else "NOT MET"
-print("## triton, whole dev profile, --max-examples 25, -n 4, cold Triton cache\n")
-print(f"exit {rc}{' (stopped at ' + cap + ' s)' if stopped else ''}; **wall {wall:.1f} s** (target <= 120 s: {verdict}); "
+kernels = sum(1 for r, _, fs in os.walk(cache) for f in fs if f.endswith(".cubin"))
+how = {"prewarm": "empty Triton cache, --prewarm", "warm": "second run on the cache the first left",
+       "cold": "empty Triton cache, no pre-warm"}[label]
+print(f"## triton, whole dev profile, --max-examples 25, -n 4, seed 1: {label} ({how})\n")
+print(f"exit {rc}{' (stopped at ' + cap + ' s)' if stopped else ''}; **wall {wall:.1f} s** (target <= 120 s: **{verdict}**); "
       f"{len(ends)} property items ended: {outcomes}; "
-      f"{sum(1 for r in recs if r.get('event') == 'result')} examples judged\n")
+      f"{sum(1 for r in recs if r.get('event') == 'result')} examples judged; {kernels} kernels in the cache afterwards\n")
+pre = [r for r in recs if r.get("event") == "prewarm"]
+if pre:
+    p = pre[-1]
+    print(f"pre-warm (inside the wall time): {p.get('seconds', 0):.1f} s ({p.get('draw_seconds', 0):.1f} s drawing) on "
+          f"{p.get('workers')} processes: {p.get('examples')} examples drawn, {p.get('calls')} calls, "
+          f"{p.get('compiles')} compiles, {p.get('errors')} errors{'; ' + p['note'] if p.get('note') else ''}\n")
 print(split_table(recs))
 print()
 rows = sorted(split_rows(recs), key=lambda r: -r["wall"])[:5]
 print("slowest items (wall s summed over workers): " + ", ".join(f"{r['property']} {r['wall']:.1f}" for r in rows))
+print()
 PY
+}
+TRITON_T=${TRITON_T:-150}
+TOTAL_T=${TOTAL_T:-300}
+s0=$(now)
+run_triton prewarm "$W/cache_a" "$TRITON_T" --prewarm
+run_triton warm "$W/cache_a" "$TRITON_T"
+left=$($py -c "import sys; print(max(60, int($TOTAL_T - (float(sys.argv[2]) - float(sys.argv[1])))))" "$s0" "$(now)")
+run_triton cold "$W/cache_b" "$left"
+# same seed, same draws and verdicts? (the examples all three runs judged, by property and index)
+$py - "$W" >> "$summary" <<'PY'
+import json, os, sys
+from attnverify.journal import last_run
+runs = {}
+for label in ("prewarm", "warm", "cold"):
+    path = os.path.join(sys.argv[1], "triton_" + label)
+    recs = last_run(path) if os.path.exists(os.path.join(path, "results.jsonl")) else []
+    drawn = {(r.get("property"), r.get("index")): json.dumps(r.get("drawn"), sort_keys=True) for r in recs
+             if r.get("event") == "case_start"}
+    runs[label] = {(r.get("property"), r.get("index")): (drawn.get((r.get("property"), r.get("index"))), r.get("status"),
+                   round(float(r.get("severity") or 0), 9)) for r in recs if r.get("event") == "result"}
+common = set.intersection(*(set(v) for v in runs.values()))
+differ = sorted(k for k in common if len({runs[l][k] for l in runs}) > 1)
+print(f"## Same seed, same verdicts\n\n{len(common)} examples judged by all three runs (same property and index): "
+      f"{'all alike (drawn case, status, severity)' if not differ else f'{len(differ)} differ, first {differ[:3]}'}\n")
+PY
+(cd "$W" && tar czf "$OUT/triton_journals.tar.gz" triton_prewarm/results.jsonl triton_warm/results.jsonl \
+   triton_cold/results.jsonl 2>/dev/null)
 cat "$summary"
 rm -rf "$W"

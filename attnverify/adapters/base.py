@@ -184,6 +184,10 @@ class Adapter:
     # Why `attnverify run` without --adapter leaves this built-in out on a machine without a GPU (its measured
     # time there); None: it runs by default wherever it is available
     on_request_cpu: Optional[str] = None
+    # `prewarm(scratch)`: a context manager inside which this adapter's calls (forward and backward) compile their
+    # kernels and run none, or None where nothing would compile (attnverify.prewarm, `--attn-prewarm`; only
+    # adapters with a JIT have one; `scratch`: a folder the pre-warm's processes share)
+    prewarm: Optional[Callable[[str], Any]] = None
 
     def __call__(self, q, k, v, spec):
         with phase("adapter"):  # the example's time split (attnverify.timesplit); free when not timed
@@ -316,14 +320,18 @@ def _validate_min_timeout(name: str, min_timeout) -> Optional[float]:
 def adapter(name: str, *, description: str = "", availability=None, refuses=None, register: bool = True,
             known_failures: Optional[Dict[str, Any]] = None, min_timeout: Optional[float] = None,
             deferred_claims: Optional[Callable[[], Dict[str, Any]]] = None,
-            prepare: Optional[Callable[[], None]] = None, on_request_cpu: Optional[str] = None, **claims):
+            prepare: Optional[Callable[[], None]] = None, on_request_cpu: Optional[str] = None,
+            prewarm: Optional[Callable[[str], Any]] = None, **claims):
     """Decorator: declare an attention implementation and what it claims (see SPEC.md).
 
     `deferred_claims`: a function returning more keywords (claims, `known_failures`, `min_timeout`) that
     depend on the machine (a GPU present, a library's plugin installed); called once, on first use of the
     adapter's claims, and merged over the keywords given here (attnverify/adapters/deferred.py).
     `prepare`: a function called once at the run's start, before any property (e.g. switch an interpreter on).
-    `on_request_cpu`: why `attnverify run` without --adapter leaves this built-in out on a CPU-only machine."""
+    `on_request_cpu`: why `attnverify run` without --adapter leaves this built-in out on a CPU-only machine.
+    `prewarm`: for an adapter with a JIT, `(scratch) -> context manager or None`: inside the context the adapter's
+    calls compile their kernels and run none (`--attn-prewarm`, attnverify/prewarm.py; Triton kernels:
+    attnverify.triton_prewarm.compile_only_here)."""
     if not isinstance(name, str) or not name or any(ch in name for ch in " ,:/"):
         raise ValueError(f"attnverify.adapter(name={name!r}): a non-empty name without spaces, ',' ':' or '/'")
     timeout = _validate_min_timeout(name, min_timeout)
@@ -335,6 +343,10 @@ def adapter(name: str, *, description: str = "", availability=None, refuses=None
     if prepare is not None and not callable(prepare):
         raise TypeError(f"attnverify.adapter({name!r}, prepare={prepare!r}): give a function () -> None, called "
                         f"once before the run's first property")
+    if prewarm is not None and not callable(prewarm):
+        raise TypeError(f"attnverify.adapter({name!r}, prewarm={prewarm!r}): give a function (scratch folder) -> a "
+                        f"context manager in which the adapter's calls compile and do not run (Triton kernels: "
+                        f"attnverify.triton_prewarm.compile_only_here), or None where nothing compiles")
     if on_request_cpu is not None and not (isinstance(on_request_cpu, str) and on_request_cpu.strip()):
         raise ValueError(f"attnverify.adapter({name!r}, on_request_cpu={on_request_cpu!r}): give the reason, e.g. "
                          f"'ci profile 229 s on a 2-core CPU', or leave it out")
@@ -343,7 +355,8 @@ def adapter(name: str, *, description: str = "", availability=None, refuses=None
         if not callable(fn):
             raise TypeError(f"attnverify.adapter({name!r}) must decorate a callable (q, k, v, spec)")
         kw = dict(name=name, fn=fn, description=description or (fn.__doc__ or "").strip().split("\n")[0],
-                  availability=availability, refuses=refuses, prepare=prepare, on_request_cpu=on_request_cpu)
+                  availability=availability, refuses=refuses, prepare=prepare, on_request_cpu=on_request_cpu,
+                  prewarm=prewarm)
         if deferred_claims is None:
             a = Adapter(claims=c, known_failures=known, known_patterns=patterns, known_not_strict=not_strict,
                         min_timeout=timeout, **kw)

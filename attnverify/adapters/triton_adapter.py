@@ -74,6 +74,14 @@ def _machine_claims() -> dict:
                 **fp8_claims(cuda, dist_version("triton")))
 
 
+def _prewarm(scratch: str):
+    """`--attn-prewarm` (attnverify/prewarm.py): a context in which the kernels compile and do not run; None under the
+    interpreter, which compiles nothing."""
+    from ..triton_prewarm import compile_only_here
+
+    return compile_only_here(scratch)
+
+
 def _refuses(case):
     if case.spec.attn_mask is not None:
         return "triton does not implement attn_mask"
@@ -91,6 +99,7 @@ def _refuses(case):
     availability=_availability,
     refuses=_refuses,
     prepare=use_interpreter_if_needed,  # the plugin calls it at the run's start, before a property imports triton
+    prewarm=_prewarm,  # --attn-prewarm: the run's kernels compiled in parallel before it starts
     dtypes=("float16", "bfloat16", "float32"),
     deferred_claims=_machine_claims,  # devices, max_seqlen
     head_dims=lambda d: 1 <= d <= 256,

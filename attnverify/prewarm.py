@@ -1,0 +1,208 @@
+"""Pre-warm (`attnverify run --prewarm`, `--attn-prewarm`): compile what a run will launch before it starts.
+
+An adapter whose kernels compile on first use (a JIT: Triton, ...) pays every new specialisation inside the
+run, once per pytest-xdist worker that meets it first. With the pre-warm, the run's session start (in the
+process that drives the run, before any worker or judge starts) draws, for every selected property and every
+adapter that has a `prewarm` hook, the examples the run will draw (the property's own strategy and corpus,
+the run's seed, profile and example count, through `run_property` with a runner that judges nothing), and
+runs each example's property once inside the hook's context, where the adapter's calls compile their kernels
+and run none: every call the property makes (the case, its backward, the calls it derives: repeated KV heads,
+the case inside a bigger buffer, other shapes in between) is compiled; its verdict is thrown away. The work is
+spread over a pool of processes (every core): the compiles land in the adapter's shared cache (Triton:
+TRITON_CACHE_DIR), where the run's workers then find them.
+
+Only adapters that implement the hook are pre-warmed (the bundled `triton` does, attnverify/triton_prewarm.py);
+under the Triton interpreter (no GPU) there is nothing to compile and only the draws are made. It changes no
+verdict: the draws use no example database and the run's own draws are made afresh by the run
+(tests/test_prewarm.py checks both). What the pre-warm cannot foresee is compiled in the run as before: draws
+that depend on verdicts (targeting, shrinking a failure).
+
+The pool forks (the controlling process has touched no GPU: the plugin keeps it that way), so adapters and
+properties registered by a conftest.py are there in the pool too; without fork (Windows) it does nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import zlib
+from typing import Any, Dict, List, Optional
+
+# set in the controlling process right before the pool forks; the workers read their task from it
+_PLAN: Dict[str, Any] = {}
+TIMEOUT_S = 900.0  # the whole pre-warm at most (the H200's dev profile: about a minute expected)
+
+
+def default_workers() -> int:
+    """Every core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def keyword_selected(pairs, keyword: str) -> list:
+    """The (adapter, property) pairs whose test item `-k keyword` keeps (its id `test_<property>[<adapter>]`, the
+    suite's name and marker `attnverify`; substrings, case-insensitive, as pytest matches); all when it cannot tell."""
+    if not keyword:
+        return list(pairs)
+    try:
+        from _pytest.mark.expression import Expression
+
+        expr = Expression.compile(keyword)
+    except Exception:  # noqa: BLE001 - pytest reports a bad -k itself; pre-warming more is harmless
+        return list(pairs)
+
+    def keep(a, p) -> bool:
+        names = (f"test_{p.name}[{a.name}]", "attnverify")
+        return expr.evaluate(lambda sub, **_: any(sub.lower() in n.lower() for n in names))
+
+    return [(a, p) for a, p in pairs if keep(a, p)]
+
+
+def drawn_examples(prop, adapter, *, profile: str, seed: int, max_examples: Optional[int], device: str) -> List[Any]:
+    """The values `prop` draws for `adapter` in a run with this seed, profile and example count: its corpus, then
+    Hypothesis' draws (run_property with a runner that judges nothing and no example database; targeting and a
+    failure's shrinking, which depend on verdicts, are what may draw differently in the run)."""
+    from .properties.base import ExampleResult
+    from .properties.driver import PropertySkipped, run_property
+
+    out: List[Any] = []
+
+    def collect(_prop, _adapter, drawn):
+        out.append(drawn)
+        return ExampleResult(True, status="passed")
+
+    try:
+        run_property(prop, adapter, profile=profile, seed=seed, max_examples=max_examples, device=device,
+                     runner=collect, database=None, max_bugs=1)
+    except PropertySkipped:
+        pass
+    return out
+
+
+def _draw_pair(i: int) -> tuple:
+    """In a pool process: the i-th pair's drawn examples, or the drawing's error."""
+    adapter, prop = _PLAN["pairs"][i]
+    try:
+        return drawn_examples(prop, adapter, **_PLAN["settings"]), ""
+    except Exception as e:  # noqa: BLE001 - a property that cannot draw here pre-warms nothing; the run says why
+        return [], f"drawing: {type(e).__name__}: {e}"
+
+
+def _warm(task: tuple) -> tuple:
+    """In a pool process: one example of the plan -> (compiles, error, pid)."""
+    i, drawn = task
+    adapter, prop = _PLAN["pairs"][i]
+    return (*warm_example(adapter, prop, drawn, _PLAN["scratch"]), os.getpid())
+
+
+def warm_example(adapter, prop, drawn, scratch: str) -> tuple:
+    """Judge one drawn example of `prop` inside the adapter's prewarm context, in this process: each call the property
+    makes compiles its kernels and runs none; the verdict is thrown away. -> (judged, compiles, error); judged is
+    False when the hook says there is nothing to compile here (an interpreter: no context)."""
+    ctx = adapter.prewarm(scratch)
+    if ctx is None:
+        return False, 0, ""
+    try:
+        with ctx as counter:
+            prop.run_example(adapter, drawn)
+        return True, int(getattr(counter, "claimed", 0) or 0), ""
+    except Exception as e:  # noqa: BLE001 - what fails to compile here fails in the run, where it is judged
+        return True, 0, f"{prop.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] = None, device: str = "auto",
+                workers: Optional[int] = None, timeout_s: float = TIMEOUT_S) -> dict:
+    """Pre-warm the (adapter, property) pairs of a run (Adapter and Property objects; pairs whose adapter has no
+    `prewarm` hook, is unavailable here or is skipped by the property are left out) with the run's profile, seed,
+    example count and device, on `workers` processes (default: every core): first each pair's draws, then each
+    drawn example (judged inside the adapter's prewarm context); stopped after `timeout_s` seconds (a hang must
+    not hold the run). Returns {"adapters": [names], "workers", "seconds",
+    "draw_seconds", "examples", "calls" (examples judged), "compiles", "compiles_per_process", "errors", "note",
+    "per_property": [{adapter, property, examples}]}."""
+    t0 = time.perf_counter()
+    pairs = [(a, p) for a, p in pairs if getattr(a, "prewarm", None) is not None and a.unavailable_reason() is None
+             and p.why_skipped(a) is None]
+    res: Dict[str, Any] = {"adapters": list(dict.fromkeys(a.name for a, _ in pairs)), "workers": 0, "seconds": 0.0,
+                           "draw_seconds": 0.0, "examples": 0, "calls": 0, "compiles": 0, "compiles_per_process": [], "errors": 0, "note": "",
+                           "per_property": []}
+    if not pairs:
+        res["note"] = ("no adapter of this run has a prewarm hook (only adapters with a JIT implement one, the bundled "
+                       "triton does) or no property selected runs for one: nothing to do")
+        return res
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+        raise ValueError(f"run_prewarm(workers={workers!r}): give a number of processes >= 1, or None for every core")
+    from .isolation import cuda_initialised, fork_available
+
+    if not fork_available():
+        res["note"] = "the pre-warm's pool forks, and this platform cannot fork: nothing done"
+        return res
+    if cuda_initialised():  # a forked child of a process with a CUDA context cannot use CUDA
+        res["note"] = "CUDA is already initialised in this process, so its pool cannot fork: nothing done"
+        return res
+    n = workers or default_workers()
+    scratch = tempfile.mkdtemp(prefix="attnverify_prewarm_")
+    adapters: List[Any] = []
+    for a, _ in pairs:
+        if not any(a is x for x in adapters):
+            adapters.append(a)
+    _PLAN.update(pairs=pairs, adapters=adapters, scratch=scratch,
+                 settings=dict(profile=profile, seed=seed, max_examples=max_examples, device=device))
+    errors: List[str] = []
+    deadline = time.monotonic() + timeout_s
+    import multiprocessing
+
+    pool = multiprocessing.get_context("fork").Pool(n)
+    try:
+        drawn = pool.map_async(_draw_pair, range(len(pairs))).get(max(1.0, deadline - time.monotonic()))
+        res["draw_seconds"] = round(time.perf_counter() - t0, 3)
+        tasks = []
+        for i, ((a, p), (examples, err)) in enumerate(zip(pairs, drawn)):
+            res["per_property"].append({"adapter": a.name, "property": p.name, "examples": len(examples)})
+            res["examples"] += len(examples)
+            if err:
+                errors.append(f"{p.name}: {err}")
+            seen = set()
+            for ex in examples:  # an example drawn twice (the corpus, a replay) is judged once
+                key = json.dumps(ex, sort_keys=True, default=str)
+                if key not in seen:
+                    seen.add(key)
+                    tasks.append((i, ex))
+        # interleave the properties, so that the processes do not all meet the same first shapes at once
+        tasks.sort(key=lambda t: zlib.crc32(json.dumps(t[1], sort_keys=True, default=str).encode()))
+        by_process: Dict[int, int] = {}
+        results = pool.imap_unordered(_warm, tasks)
+        for _ in tasks:
+            judged, compiles, err, pid = results.next(max(1.0, deadline - time.monotonic()))
+            res["calls"] += int(judged)
+            res["compiles"] += compiles
+            by_process[pid] = by_process.get(pid, 0) + compiles
+            if err:
+                errors.append(err)
+        res["compiles_per_process"] = sorted((c for c in by_process.values() if c), reverse=True)
+    except multiprocessing.TimeoutError:  # a hang here must not hold the run: what is compiled is kept
+        errors.insert(0, f"stopped after {timeout_s:g} s (the run compiles the rest)")
+    finally:
+        pool.terminate()
+        pool.join()
+        _PLAN.clear()
+        shutil.rmtree(scratch, ignore_errors=True)
+    res.update(workers=n, errors=len(errors), seconds=round(time.perf_counter() - t0, 3))
+    if errors:
+        res["note"] = f"{len(errors)} examples raised here (they are judged in the run): {errors[0]}"
+    elif res["examples"] and not res["calls"]:
+        res["note"] = "nothing to compile here (the adapters' hooks gave no context: an interpreter, no GPU)"
+    return res
+
+
+def summary_line(res: dict) -> str:
+    """One line for the terminal and the journal's reader."""
+    if not res["workers"]:
+        return f"attnverify prewarm: {res['note']}"
+    return (f"attnverify prewarm: {', '.join(res['adapters'])}: {res['examples']} examples drawn, {res['calls']} distinct "
+            f"ones judged compile-only, {res['compiles']} compiles in {res['seconds']:.1f} s ({res['draw_seconds']:.1f} s drawing) on "
+            f"{res['workers']} processes"
+            + (f"; {res['note']}" if res["note"] else ""))
