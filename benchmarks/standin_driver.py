@@ -7,15 +7,16 @@ After `install()` every `kernel[grid](...)` compiles (or finds its compile in th
 without running, as `JITFunction.warmup` does; outputs stay uninitialised. With `cuda_tiles=True` the
 launcher's default configuration is the one it picks for CUDA tensors (the H200 tiles and switches), though
 the tensors are CPU tensors, so the keys compiled are the ones an H200 run compiles for those shapes.
-Used by benchmarks/compile_cost_cpu.py and tests/test_prewarm.py (from scripts/kernel_fingerprint.py's
-driver, branch s4-e). Needs Triton 3.6+ with its NVIDIA backend (the pip wheel has it).
+Used by benchmarks/compile_cost_cpu.py, tests/test_prewarm.py and scripts/kernel_fingerprint.py (its one home).
+Needs Triton 3.6+ with its NVIDIA backend (the pip wheel has it).
 """
 from __future__ import annotations
 
 import os
 
 
-def _driver():
+def nogpu_driver():
+    """A CudaDriver that reports sm_90 and never touches libcuda (also scripts/kernel_fingerprint.py's)."""
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.driver import CudaDriver
 
@@ -44,7 +45,7 @@ def install(cuda_tiles: bool = True) -> None:
 
     if getattr(JITFunction.run, "standin", False):
         return
-    driver.set_active(_driver())
+    driver.set_active(nogpu_driver())
     run = JITFunction.run
 
     def warm_only(self, *a, grid, warmup, **kw):  # compile (or read the disk cache), never launch
