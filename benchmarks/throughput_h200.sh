@@ -55,7 +55,9 @@ for iso in $isos; do
   [ "$iso" = none ] && [ "${PROFILE_FLASH:-0}" = 1 ] && prof=(-m cProfile -o "$W/flash.prof")
   t0=$(now)
   # SIGINT at the cap: pytest stops, cProfile still writes its profile (it would not on SIGTERM)
-  (cd "$W" && timeout -s INT -k 10 "$FLASH_T" $py "${prof[@]}" -m attnverify.cli run --adapter "$FLASH" --profile dev -n 1 --isolate "$iso" \
+  # --isolate none runs in this process (-n 0): with -n 1 cProfile would see only xdist's controller waiting
+  nw=1; [ "$iso" = none ] && nw=0
+  (cd "$W" && timeout -s INT -k 10 "$FLASH_T" $py "${prof[@]}" -m attnverify.cli run --adapter "$FLASH" --profile dev -n "$nw" --isolate "$iso" \
      -k forward_matches_reference --seed 1 --report "$rep" --no-html -q) > "$log" 2>&1
   rc=$?; t1=$(now)
   if [ -f "$W/flash.prof" ]; then
@@ -81,7 +83,7 @@ verdict = ("MET" if rate >= 100 else "NOT MET") if rows else f"NOT MEASURED (exi
 # initialisation and first imports left out), from the records' own timestamps
 ts = sorted(float(r["t"]) for r in recs if r.get("event") == "result" and r.get("property") == "forward_matches_reference")
 steady = (len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) > 2 and ts[-1] > ts[0] else 0.0
-print(f"## {sys.argv[6]} forward_matches_reference, dev profile, -n 1, --isolate {iso}"
+print(f"## {sys.argv[6]} forward_matches_reference, dev profile, -n {1 if iso != 'none' else 0}, --isolate {iso}"
       + (" (under cProfile: slower than without it)" if sys.argv[7] != "0" else "") + "\n")
 print(f"exit {rc}; command wall {t1 - t0:.1f} s (startup included); "
       f"{rows[0]['examples'] if rows else 0} examples in {rows[0]['wall'] if rows else 0:.2f} s of the test item: "
