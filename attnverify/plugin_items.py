@@ -59,6 +59,10 @@ class PropertyItem(pytest.Item):
             # child serves them all (a fork per new property re-imported the adapter's libraries and, on a
             # GPU, started CUDA and reloaded compiled kernels each time); a child that dies is still replaced
             s.runner.prepare(EVIDENCE_JOB, CONVENTIONS_JOB, *s.properties, *PROPERTIES, *s.adapters)
+            if hasattr(s.runner, "warm"):  # the child forks now and warms the judge while the draws start
+                from .judge_warmup import warm_plan
+
+                s.runner.warm(warm_plan(s.adapters, s.device, bool(getattr(self.prop, "backward_cases", False))))
         t0 = time.perf_counter()
         in_process0 = getattr(s.runner, "in_process_fallback", 0)
         drawn_by_index: Dict[Any, Any] = {}
