@@ -190,3 +190,50 @@ def test_warm_is_off_with_the_switch_or_an_empty_plan(monkeypatch):
             assert r.pid is not None and r.started == 1
     finally:
         r.close()
+
+
+STARTED_CONFTEST = '''
+import os, torch, attnverify as av
+from attnverify.plugin_settings import get_settings
+
+
+@av.adapter("mine_bf", dtypes=("float32", "bfloat16"), devices=("cpu",), gqa=True)
+def mine_bf(q, k, v, spec):
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    p = torch.softmax((q.float() @ k.float().transpose(-1, -2)) * spec.resolved_scale(q.shape[-1]), dim=-1)
+    return (p @ v.float()).to(q.dtype)
+
+
+def pytest_runtest_setup(item):
+    s = get_settings(item.config)
+    with open(os.environ["AV_TEST_STARTED"], "a") as f:
+        f.write(f"{s is not None and s.runner is not None and getattr(s.runner, 'pid', None) is not None}\\n")
+'''
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="crash isolation forks; this platform has no fork")
+def test_the_plugin_forks_the_warmed_child_at_collection_and_judges_alike(pytester, monkeypatch):
+    import shutil
+
+    from attnverify.journal import read_journal
+
+    pytester.makeconftest(STARTED_CONFTEST)
+    seen = {}
+    for warm in ("1", "0"):
+        started = pytester.path / f"started{warm}.txt"
+        monkeypatch.setenv("AV_TEST_STARTED", str(started))
+        monkeypatch.setenv("ATTNVERIFY_JUDGE_WARMUP", warm)
+        for d in ("reports", ".hypothesis"):
+            shutil.rmtree(pytester.path / d, ignore_errors=True)
+        res = pytester.runpytest_subprocess(
+            "--adapter=mine_bf", "--attn-profile=ci", "--attn-max-examples=6", "--attn-seed=11", "-p", "no:cacheprovider",
+            "--attn-isolate=subprocess", "-k", "forward_matches_reference or value_scaling", timeout=600)
+        res.assert_outcomes(passed=2)
+        recs = read_journal(str(pytester.path / "reports"))
+        seen[warm] = [(r["event"], r.get("property"), r.get("drawn"), r.get("status"), r.get("severity"))
+                      for r in recs if r["event"] in ("case_start", "result")]
+        first = started.read_text().split()[0]
+        # warm-up on: the judging child was forked at the end of collection, before the first item ran
+        assert first == ("True" if warm == "1" else "False")
+    assert seen["1"] == seen["0"] and sum(e[0] == "result" for e in seen["1"]) >= 8
