@@ -112,7 +112,7 @@ def _child_setup() -> None:
 
 
 def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None,
-                lifeline: Optional[tuple] = None) -> None:  # in the forked child
+                lifeline: Optional[tuple] = None, warm: Optional[list] = None) -> None:  # in the forked child
     if lifeline:  # first thing: a child of a killed parent must not judge on alone (attnverify.lifeline)
         from .lifeline import die_with_parent
 
@@ -125,6 +125,10 @@ def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None,
             faulthandler.enable(file=open(fault_path, "w"), all_threads=False)
         except Exception:
             pass
+    if warm:  # the judge's first uses, paid while the parent draws (attnverify.judge_warmup)
+        from .judge_warmup import warm_judge
+
+        warm_judge(warm)
     while True:
         try:
             msg = conn.recv()
@@ -173,6 +177,7 @@ class SubprocessRunner:
         self.in_process_fallback = 0  # examples judged here because CUDA was already initialised here
         self.restarts = 0  # children started after the first (crashes, timeouts, new objects)
         self.started = 0
+        self._warm: Optional[list] = None  # the first child's warm-up plan (warm())
 
     # -- child management
     def _start(self) -> None:
@@ -189,7 +194,8 @@ class SubprocessRunner:
 
         # the child dies with this process (PR_SET_PDEATHSIG is tied to the forking thread: main thread only)
         lifeline = (os.getpid(), threading.current_thread() is threading.main_thread())
-        proc = ctx.Process(target=_child_main, args=(child, objects, self._fault_path, lifeline), daemon=True,
+        warm, self._warm = self._warm, None  # the first child only: a child restarted after a crash judges at once
+        proc = ctx.Process(target=_child_main, args=(child, objects, self._fault_path, lifeline, warm), daemon=True,
                            name="attnverify-judge")
         proc.start()
         child.close()
@@ -239,6 +245,17 @@ class SubprocessRunner:
         forked, so sending them after a failure does not need a fork of its own."""
         for o in objects:
             self._objects.setdefault(id(o), o)
+
+    def warm(self, plan) -> None:
+        """Fork the judging child now and have it warm the judge (attnverify.judge_warmup) with `plan` before
+        its first example, while this process goes on drawing. Nothing when a child runs already, the plan is
+        empty, CUDA started here (no child can be forked), or ATTNVERIFY_JUDGE_WARMUP=0."""
+        if self._proc is not None or not plan or os.environ.get("ATTNVERIFY_JUDGE_WARMUP", "1") == "0":
+            return
+        if cuda_initialised():
+            return
+        self._warm = list(plan)
+        self._start()
 
     # -- one example
     def timeout_for(self, prop, adapter=None) -> Optional[float]:
@@ -373,6 +390,9 @@ class InProcessRunner:
 
     def prepare(self, *objects) -> None:
         pass
+
+    def warm(self, plan) -> None:
+        """Nothing: in process, a warm-up would be paid in line with the draws (nothing to overlap)."""
 
     def close(self) -> None:
         pass

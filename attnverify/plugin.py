@@ -244,6 +244,20 @@ def pytest_collection_modifyitems(session, config, items):
     config.hook.pytest_collectreport(report=CollectReport(suite.nodeid, "passed", None, new))
 
 
+def pytest_collection_finish(session):
+    """Start the judging child as soon as the run's items are known, so that it warms the judge while the
+    rest of the session's set-up and the first draws go on (attnverify.judge_warmup). Not in xdist's
+    controller (it collects nothing) nor for --collect-only; only when an attnverify item is to run."""
+    s = get_settings(session.config)
+    if s is None or s.runner is not None or session.config.option.collectonly:
+        return
+    from .plugin_items import PropertyItem, start_runner
+
+    mine = [i for i in session.items if isinstance(i, PropertyItem) and i.get_closest_marker("skip") is None]
+    if mine:
+        start_runner(s, backward=any(getattr(i.prop, "backward_cases", False) for i in mine))
+
+
 def pytest_sessionfinish(session, exitstatus):
     s = get_settings(session.config)
     if s is None:

@@ -48,17 +48,7 @@ class PropertyItem(pytest.Item):
         from .properties.driver import run_property
 
         if s.runner is None:
-            from .evidence import EVIDENCE_JOB
-            from .isolation import make_runner
-            from .probes import CONVENTIONS_JOB
-
-            from .properties import PROPERTIES
-
-            s.runner = make_runner(s.isolate, s.timeout)
-            # the judging child holds every job, property and adapter of the session from its first fork: one
-            # child serves them all (a fork per new property re-imported the adapter's libraries and, on a
-            # GPU, started CUDA and reloaded compiled kernels each time); a child that dies is still replaced
-            s.runner.prepare(EVIDENCE_JOB, CONVENTIONS_JOB, *s.properties, *PROPERTIES, *s.adapters)
+            start_runner(s, backward=bool(getattr(self.prop, "backward_cases", False)))
         t0 = time.perf_counter()
         in_process0 = getattr(s.runner, "in_process_fallback", 0)
         drawn_by_index: Dict[Any, Any] = {}
@@ -148,3 +138,23 @@ class PropertyItem(pytest.Item):
         if isinstance(excinfo.value, AttnFailure):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)
+
+
+def start_runner(s, *, backward: bool) -> None:
+    """The session's runner, made once: at the end of collection (plugin.pytest_collection_finish) or by the
+    first property item. The judging child holds every job, property and adapter of the session from its first
+    fork: one child serves them all (a fork per new property re-imported the adapter's libraries and, on a GPU,
+    started CUDA and reloaded compiled kernels each time); a child that dies is still replaced. It forks at once
+    and warms the judge (attnverify.judge_warmup; gradients too when `backward`) while this process goes on."""
+    if s.runner is not None:
+        return
+    from .evidence import EVIDENCE_JOB
+    from .isolation import make_runner
+    from .judge_warmup import warm_plan
+    from .probes import CONVENTIONS_JOB
+    from .properties import PROPERTIES
+
+    s.runner = make_runner(s.isolate, s.timeout)
+    s.runner.prepare(EVIDENCE_JOB, CONVENTIONS_JOB, *s.properties, *PROPERTIES, *s.adapters)
+    if hasattr(s.runner, "warm"):
+        s.runner.warm(warm_plan(s.adapters, s.device, backward))

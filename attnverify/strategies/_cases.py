@@ -73,6 +73,10 @@ class _Cfg:
     tiles: Tuple[int, ...]
 
 
+# one strategy per denominator, made once (issue 25: the same strategy each draw; Hypothesis draws alike)
+_ONE_IN = {den: st.integers(0, den - 1) for den in (2, 3, 4, 5, 6)}
+
+
 def _flag(draw, arg, claimed: bool, den: int = 4) -> bool:
     """Tri-state feature switch: False/unclaimed -> False, True -> True, None -> drawn (1 in `den`)."""
     arg = resolve(draw, arg)
@@ -80,7 +84,7 @@ def _flag(draw, arg, claimed: bool, den: int = 4) -> bool:
         return False
     if arg is True:
         return True
-    return draw(st.integers(0, den - 1)) == den - 1
+    return draw(_ONE_IN[den] if den in _ONE_IN else st.integers(0, den - 1)) == den - 1
 
 
 def attention_cases(

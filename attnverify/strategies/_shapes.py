@@ -1,9 +1,11 @@
 """Shape strategies: sequence lengths around tile boundaries, head dims from the claims, tile partitions."""
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import List, Optional, Sequence, Tuple
 
 from hypothesis import strategies as st
+from hypothesis.strategies import SearchStrategy
 
 from ._args import InvalidArgument, check_int, check_order
 
@@ -17,7 +19,14 @@ def interesting_lengths(*, max_len: int, min_len: int = 1, tiles: Optional[Seque
     check_int("max_len", max_len, min_value=0)
     check_int("min_len", min_len, min_value=0)
     check_order("min_len", min_len, "max_len", max_len)
-    ts = sorted(set(int(t) for t in (tiles or ()) if int(t) > 0) | set(DEFAULT_TILES))
+    return list(_interesting(max_len, min_len, tuple(sorted(set(int(t) for t in (tiles or ()) if int(t) > 0)))))
+
+
+# issue 25: the case strategy asks for the same few (max_len, tiles) on every draw; the lists and the
+# strategies made of them are the same each time (same elements, same order: Hypothesis draws alike)
+@lru_cache(maxsize=4096)
+def _interesting(max_len: int, min_len: int, tiles: Tuple[int, ...]) -> Tuple[int, ...]:
+    ts = sorted(set(tiles) | set(DEFAULT_TILES))
     out = {1, 2}
     for t in ts:
         for m in (1, 2, 3, 4, 8, 16, 32, 64):
@@ -27,7 +36,7 @@ def interesting_lengths(*, max_len: int, min_len: int = 1, tiles: Optional[Seque
             out.update((base - 1, base, base + 1))
     out.update(PRIMES)
     out.update(128 * n + 64 for n in range(0, max_len // 128 + 1))
-    return sorted(x for x in out if min_len <= x <= max_len)
+    return tuple(sorted(x for x in out if min_len <= x <= max_len))
 
 
 def seqlens(*, min_len: int = 1, max_len: int, tiles: Optional[Sequence[int]] = None):
@@ -35,9 +44,20 @@ def seqlens(*, min_len: int = 1, max_len: int, tiles: Optional[Sequence[int]] = 
     check_int("min_len", min_len, min_value=0)
     check_int("max_len", max_len, min_value=0)
     check_order("min_len", min_len, "max_len", max_len)
+    if any(isinstance(x, SearchStrategy) for x in (min_len, max_len)):
+        return _seqlens(min_len, max_len, tiles)
+    return _seqlens_cached(min_len, max_len, tuple(sorted(set(int(t) for t in (tiles or ()) if int(t) > 0))))
+
+
+def _seqlens(min_len, max_len, tiles):
     small = st.integers(min_len, max(min_len, min(max_len, SMALL_MAX)))
     inter = interesting_lengths(max_len=max_len, min_len=min_len, tiles=tiles)
     return st.one_of(small, st.sampled_from(inter)) if inter else small
+
+
+@lru_cache(maxsize=4096)
+def _seqlens_cached(min_len: int, max_len: int, tiles: Tuple[int, ...]):
+    return _seqlens(min_len, max_len, tiles)
 
 
 def head_dim_candidates(claims, profile_dims: Sequence[int]) -> Tuple[int, ...]:
