@@ -188,7 +188,8 @@ class SubprocessRunner:
         objects = dict(self._objects)
         import tempfile
 
-        fd, self._fault_path = tempfile.mkstemp(prefix="attnverify-fault-", suffix=".txt")
+        remove_stale_fault_files(tempfile.gettempdir())
+        fd, self._fault_path = tempfile.mkstemp(prefix=f"attnverify-fault-{os.getpid()}-", suffix=".txt")
         os.close(fd)
         import threading
 
@@ -348,6 +349,38 @@ class SubprocessRunner:
             if self._last_fault:
                 msg += "\nwhere it died (innermost first):\n" + self._last_fault
         return ExampleResult(False, message=msg, severity=1e30, case=case, status=status, seconds=seconds)
+
+
+def remove_stale_fault_files(folder: str) -> int:
+    """Remove the fault files (`attnverify-fault-<pid>-*.txt`) of judging parents that no longer run: a parent
+    killed with SIGKILL never reads and removes its own. Returns how many were removed."""
+    import re
+
+    gone = 0
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    for name in names:
+        m = re.fullmatch(r"attnverify-fault-(\d+)-\w+\.txt", name)
+        if not m or _pid_alive(int(m.group(1))):
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+            gone += 1
+        except OSError:
+            pass
+    return gone
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True
 
 
 def _read_fault(path: Optional[str], max_frames: int = 8) -> str:

@@ -334,3 +334,20 @@ def test_a_stop_while_shrinking_stops_the_property():
         run_property(prop, get("naive"), profile="ci", seed=1, runner=runner, database=None, max_bugs=1,
                      use_corpus=False)  # a generated failure: Hypothesis shrinks it, and the stop comes then
     assert len(calls) == 2  # nothing ran after the stop
+
+
+def test_fault_files_of_dead_parents_are_removed_and_live_ones_kept(tmp_path):
+    """A judging parent killed with SIGKILL never removes its fault file; the next runner's start does, and leaves
+    the files of parents still running (and anything else in the folder) alone."""
+    from attnverify.isolation import remove_stale_fault_files
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"attnverify-fault-{dead.pid}-ab_12x.txt"
+    live = tmp_path / f"attnverify-fault-{os.getpid()}-cd34y.txt"
+    other = tmp_path / "attnverify-fault-legacy.txt"
+    for p in (stale, live, other):
+        p.write_text("x")
+    assert remove_stale_fault_files(str(tmp_path)) == 1
+    assert not stale.exists() and live.exists() and other.exists()
+    assert remove_stale_fault_files(str(tmp_path / "missing")) == 0
