@@ -52,6 +52,10 @@ def diagnose(
         notes.append("dropout without the adapter's keep-mask: alternatives cannot be recomputed exactly")
         return Diagnosis(NO_EXPLANATION, notes=notes)
     ref = reference_forward(case.q, case.k, case.v, spec, dropout_mask=keep)
+    # the reference runs on the case's device (cuda on a GPU); observed outputs and alternatives are float64 on
+    # the CPU, so the reference joins them there (mixed, every fit raised "Expected all tensors to be on the same
+    # device" and a GPU failure's evidence fell back to metrics only)
+    ref = type(ref)(out=as_f64(ref.out), lse=as_f64(ref.lse))
     refd = {"out": ref.out, "lse": ref.lse}
     if declared_fully_masked == "nan":
         fmr = torch.isneginf(ref.lse)
