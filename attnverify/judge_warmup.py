@@ -10,7 +10,7 @@ through attnverify's own naive adapter and `check`: case build, reference, magni
 and the gradients when asked. The user's adapter is never called (its first use stays its own: a kernel
 that crashes must crash in an example, where it is reported). Nothing it does reaches a verdict: every
 random draw of the judge uses its own generator seeded from the case, so examples are judged alike with or
-without it (tests/test_judge_warmup.py).
+without it (tests/test_draw_and_warmup.py).
 
 The runner forks the child and sends the plan as soon as the session knows its adapters, so the warm-up
 runs while the driving process draws its first examples (isolation.SubprocessRunner.warm).
