@@ -1,7 +1,7 @@
 """The baseline's statistics for one output in one pass: what check's per-case tolerance takes from the
 same-dtype eager baseline (attnverify.check._baseline).
 
-`baseline_stats(a, b, ...)` returns (rel_l2, max_abs, expected rounding) with the very values of
+`baseline_stats(a, b, ...)` returns (rel_l2, max_abs, expected rounding, judged elements) with the very values of
 
     rel, mx = compare.error_stats(a, b)                      # a, b with the ignored rows zeroed
     rel = re-based on max(|b| over the finite, judged elements, floor * sqrt(n))   (when floor > 0)
@@ -25,9 +25,10 @@ from .tolerances import UNIT_ROUNDOFF, dtype_name, expected_rounding, rounding_f
 
 def baseline_stats(a: torch.Tensor, b: torch.Tensor, out_dtype, *, floor: float = 0.0,
                    ignore: Optional[torch.Tensor] = None,
-                   rounding: bool = True) -> Tuple[float, float, Optional[float]]:
-    """(rel_l2, max_abs, rounding) of the baseline `a` against the float64 reference `b` (both already zeroed
-    where `ignore`, broadcastable to them, is True); `rounding=False` leaves the rounding out (None)."""
+                   rounding: bool = True) -> Tuple[float, float, Optional[float], int]:
+    """(rel_l2, max_abs, rounding, n) of the baseline `a` against the float64 reference `b` (both already zeroed
+    where `ignore`, broadcastable to them, is True); `rounding=False` leaves the rounding out (None). n: the
+    elements judged (finite in both, not ignored), which the per-case rule needs (tolerances.PER_CASE_MIN_N)."""
     if not isinstance(a, torch.Tensor) or tuple(a.shape) != tuple(b.shape) or not a.numel():
         return three_passes(a, b, out_dtype, floor, ignore, rounding)
     dev = a.device if a.device.type == "cuda" else torch.device("cpu")  # compare._work_device's rule
@@ -52,22 +53,24 @@ def baseline_stats(a: torch.Tensor, b: torch.Tensor, out_dtype, *, floor: float 
     rnd: Optional[float] = None
     if rounding:
         rnd = rounding_from_terms(vals[4], vals[5], vals[6], floor) if with_rounding else 0.0
-    return rel, mx, rnd
+    return rel, mx, rnd, n
 
 
 def three_passes(a, b, out_dtype, floor, ignore, rounding):
     """The definition (error_stats, the re-basing, expected_rounding): for what the one pass does not handle."""
     rel, mx = error_stats(a, b)
-    if floor > 0 and rel == rel:
+    n = 0
+    if isinstance(a, torch.Tensor) and tuple(a.shape) == tuple(b.shape):
         e = b.detach().double()
         x = a.detach().double().to(e.device)
         fin = torch.isfinite(e) & torch.isfinite(x)
         if ignore is not None:
             fin = fin & ~ignore.to(e.device).expand_as(e)
         n = int(fin.sum())
-        err = float(torch.where(fin, x - e, torch.zeros_like(e)).norm())
-        den = max(float(torch.where(fin, e, torch.zeros_like(e)).norm()), floor * math.sqrt(max(n, 1)))
-        rel = err / den if den > 0 else 0.0
+        if floor > 0 and rel == rel:
+            err = float(torch.where(fin, x - e, torch.zeros_like(e)).norm())
+            den = max(float(torch.where(fin, e, torch.zeros_like(e)).norm()), floor * math.sqrt(max(n, 1)))
+            rel = err / den if den > 0 else 0.0
     if not rounding:
-        return rel, mx, None
-    return rel, mx, expected_rounding(b, out_dtype, scale_floor=floor, ignore=ignore)
+        return rel, mx, None, n
+    return rel, mx, expected_rounding(b, out_dtype, scale_floor=floor, ignore=ignore), n

@@ -47,9 +47,9 @@ def test_lse_shape_and_no_rounding():
 
 def test_empty_and_mismatched_shapes_fall_back():
     e = torch.zeros(1, 1, 0, 4, dtype=torch.float64)
-    assert baseline_stats(e.float(), e, "float16") == (0.0, 0.0, 0.0)
-    rel, mx, _ = baseline_stats(torch.zeros(3), torch.zeros(4, dtype=torch.float64), "float16")
-    assert rel != rel and mx != mx  # NaN: no statistic of a wrong shape
+    assert baseline_stats(e.float(), e, "float16") == (0.0, 0.0, 0.0, 0)
+    rel, mx, _, n = baseline_stats(torch.zeros(3), torch.zeros(4, dtype=torch.float64), "float16")
+    assert rel != rel and mx != mx and n == 0  # NaN: no statistic of a wrong shape, no element judged
 
 
 def test_a_worse_baseline_has_a_larger_error():
@@ -57,3 +57,14 @@ def test_a_worse_baseline_has_a_larger_error():
     near = baseline_stats(b.to(torch.bfloat16), b, "bfloat16")
     far = baseline_stats((b * 1.01).to(torch.bfloat16), b, "bfloat16")
     assert far[0] > 2 * near[0] and far[1] > near[1] and far[2] == near[2]  # the rounding is the reference's
+    assert near[3] == far[3] == b.numel()  # every element judged
+
+
+def test_the_judged_count_leaves_out_nonfinite_and_ignored_elements():
+    a, b = _pair(5)  # 2 non-finite references, 2 non-finite baseline values, distinct elements
+    r = torch.zeros(2, 3, 17, dtype=torch.bool)
+    r[1, 0, 2] = True  # one query row of 8 elements, none of them non-finite
+    ign = r.unsqueeze(-1)
+    a, b = a.masked_fill(ign, 0), b.masked_fill(ign, 0)
+    for got in (baseline_stats(a, b, "bfloat16", ignore=ign), three_passes(a, b, "bfloat16", 0.0, ign, True)):
+        assert got[3] == b.numel() - 4 - 8
