@@ -91,12 +91,29 @@ def test_fp8_forward_is_naive_fa3_arithmetic_and_within_the_reference(dtype, kw)
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     nv = get("naive")(c.q, c.k, c.v, c.spec)
     # one key tile (Lk <= 64): the running max is the row max, so the same P is rounded: the same answer
-    # (on a GPU the fp8 dots sum in another order: a bf16 ulp or two)
-    torch.testing.assert_close(out.float(), nv.out.float().to(out.device), rtol=1e-2 if _CUDA else 0,
-                               atol=1e-2 if _CUDA else 1e-6)
+    if _CUDA:
+        _only_p_rounding_flips(out, nv.out.to(out.device), c)
+    else:
+        torch.testing.assert_close(out.float(), nv.out.float(), rtol=0, atol=1e-6)
     res = av.check(TRITON, c)
     assert res.passed, res.message()
     assert [x.name for x in res.comparisons] == ["out", "lse"]  # forward only
+
+
+def _only_p_rounding_flips(out, nv_out, c):
+    """On a GPU the fp8 dots sum in another order than naive's and exp2 is the hardware's: a score that lands
+    within an fp32 ulp or two of a rounding boundary of P's fp8 grid rounds to the neighbouring fp8 value (measured
+    on the H200, 2026-12-05: 2-16 elements of 2,304-5,120 beyond 1e-2, at most 0.033 off). Such a flip moves one
+    probability by one fp8 step, below 1 at most 2^-4 (e4m3) or 2^-3 (e5m2), so an element of out by at most that
+    step times the largest |V| (dequantised) over the row sum (>= 1): elsewhere two bf16 ulps; and few rows have one."""
+    a, b = out.float(), nv_out.float()
+    bf16_ok = (a - b).abs() <= 2 * 2.0**-8 * b.abs() + 1e-6
+    v = c.v.float() * (1.0 if c.spec.v_descale is None else c.spec.v_descale.float()[:, :, None, None].to(c.v.device))
+    step = 2.0**-4 if c.q.dtype == torch.float8_e4m3fn else 2.0**-3
+    flip = step * float(v.abs().max()) + 2 * 2.0**-8 * float(b.abs().max())
+    assert float((a - b).abs().max()) <= flip, (float((a - b).abs().max()), flip)
+    rows = (~bf16_ok).any(-1)
+    assert int(rows.sum()) <= max(2, rows.numel() // 20), (int(rows.sum()), rows.numel())
 
 
 @needs_fp8
