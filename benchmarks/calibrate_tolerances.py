@@ -6,7 +6,8 @@ adversarial cases and record, per dtype and output, how close their errors come 
 
 For every case: each output's relative L2 error in units of u, the worst element's error in units
 of u * (|ref| + s), the ratio to the same-dtype baseline, and whether `check` passed (a failure of a
-correct implementation is a false positive). docs/tolerances.md holds the resulting tables.
+correct implementation is a false positive, unless the adapter declares it as a known finding:
+benchmarks/calibration_findings.py). docs/tolerances.md holds the resulting tables.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from attnverify.adapters import registry
 from attnverify.check import unclaimed
 from attnverify.tolerances import unit_roundoff
 from attnverify.zoo import fp8_online_adapter
+from calibration_findings import declared  # benchmarks/: the script's own folder
 
 SEQ = [1, 2, 5, 15, 16, 17, 31, 33, 63, 64, 65, 97, 127, 128, 129, 192, 255, 257]
 HEAD = [16, 32, 40, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256]
@@ -232,10 +234,14 @@ def main(argv=None):
                 res = av.check(a, av.build_case(rec), keep_tensors=False, backward=False if args.forward_only else None)
                 key = f"{name}/{dt}"
                 stats[key]["status_" + res.status].append(1)
+                known = None
                 if res.status != "passed":
+                    # a declared known finding (semantics, narrowed by its match) is counted apart and its ratios
+                    # kept out of the tolerance statistics (benchmarks/calibration_findings.py)
+                    known = declared(a.known_finding, res.case.describe(), res.message()) if res.status == "failed" else None
                     fails.append({"adapter": name, "dtype": dt, "status": res.status, "case": res.case.describe(),
-                                  "message": res.message()[:3000]})
-                for c in res.comparisons:
+                                  "message": res.message()[:3000], "known": known})
+                for c in ([] if known else res.comparisons):
                     if c.name not in u or not math.isfinite(c.rel_l2):
                         continue
                     stats[key][c.name + "_norm_u"].append(c.rel_l2 / u[c.name])
@@ -256,8 +262,9 @@ def main(argv=None):
     summary = out["summary"]
     for key, d in summary.items():
         print(key, {m: (v if isinstance(v, int) else f"med {v['median']:.2f} max {v['max']:.2f}") for m, v in sorted(d.items())})
-    print(f"false positives: {len(fails)}")
-    return 1 if fails else 0
+    unexplained = [f for f in fails if not f.get("known")]
+    print(f"false positives: {len(unexplained)} ({len(fails) - len(unexplained)} more failures are declared known findings)")
+    return 1 if unexplained else 0
 
 
 if __name__ == "__main__":
