@@ -1,9 +1,10 @@
-"""Standalone: FlashAttention-4 (flash_attn.cute, SM90 path) findings F17, F18 and F37 (docs/compatibility.md).
+"""Standalone: FlashAttention-4 (flash_attn.cute, SM90 path) findings F17, F18, F37 and F40 (docs/compatibility.md).
 
     pip install flash-attn-4                    # 4.0.0b36 was measured ("flash-attn-4[cu13]" with CUDA 13)
     python benchmarks/repro_fa4.py              # on an H100/H200; needs torch and flash_attn.cute only
     python benchmarks/repro_fa4.py hdim 16 64   # F18's head-dim sweep (default: 13 head dims)
     python benchmarks/repro_fa4.py sink_lse     # F37: LSE +inf when a learnable sink tops its row by > 88.7
+    python benchmarks/repro_fa4.py dv_bwd       # F40: the backward with Dv != D (Dv < D) fails to compile
 
 Prints one JSON line per check. Every tensor is compared with a float64 reference computed here:
 rel_l2 and max_abs are the kernel's error, eager_rel_l2 that of the same formula run eagerly in the
@@ -27,7 +28,12 @@ Measured on an H200 (torch 2.11.0+cu130, flash-attn-4 4.0.0b36, nvidia-cutlass-d
 - F37 (`sink_lse`, sinks' LSE overflow): attnverify's H200 run of 2026-12-05 saw LSE +inf against a finite
   reference (0.7705 with scores near -1000; 87.54 and 99.34 with sinks of level 30), output right. Predicted from
   softmax.py Softmax.finalize (row_sum += exp2(sink * log2(e) - row_max_scaled), float32): +inf once the sink
-  tops the row's max score by 88.72. This subcommand's own numbers: not yet run on the H200.
+  tops the row's max score by 88.72. This subcommand on the H200 (2026-12-05, B=1 H=2 Lq=Lk=64 D=32): +inf rows
+  exactly as predicted (0 of 128 up to 88 above the row max, 116-117 at 88.5, all from 89), output right, and dsink
+  (dLSE = 1) 64 per head (the reference's) up to 88, 3-9 at 88.5, 0 from 89: the +inf rows drop out of it.
+- F40 (`dv_bwd`): attnverify's H200 run of 2026-12-05 saw `fully_masked_rows` shrink to B=1 Lq=10 Lk=3 D=64 Dv=32
+  fp16 window (2, 0) with the backward raising "MLIRError: Operation creation failed" (the forward right). The
+  subcommand tries the backward for several (D, Dv) with Dv < D, plain and windowed: not yet run on the H200.
 """
 import json
 import math
@@ -247,6 +253,30 @@ def sink_lse(dtypes=(F16, BF16), gaps=(0.0, 80.0, 88.0, 88.5, 89.0, 90.0, 100.0,
                  dsink=dsink, ref_dsink=[r4(x) for x in ref_dsink.tolist()])
 
 
+def dv_bwd(pairs=((64, 32), (64, 48), (32, 16), (96, 64), (128, 64), (128, 96), (192, 128)), dt=F16):
+    """F40: FA4's backward with a value head dim below the q/k one. For each (D, Dv): B=1 Hq=Hkv=1, Lq=10 Lk=3 with a
+    (2, 0) window (attnverify's shrunk case) and Lq=Lk=128 without; prints whether the backward runs and its errors
+    against the float64 reference, or the exception it raises."""
+    for d, dv in pairs:
+        for lq, lk, window in ((10, 3, (2, 0)), (128, 128, (None, None))):
+            torch.manual_seed(0)
+            q = torch.randn(1, lq, 1, d, device=DEV)
+            k = torch.randn(1, lk, 1, d, device=DEV)
+            v, do = torch.randn(1, lk, 1, dv, device=DEV), torch.randn(1, lq, 1, dv, device=DEV)
+            keep, scale = keep_mask(lq, lk, window=window), d ** -0.5
+            label = f"dv_bwd D={d} Dv={dv} Lq={lq} Lk={lk} window={window} {str(dt)[6:]}"
+            try:
+                a = fwd_bwd(lambda q, k, v: flash_attn_func(q, k, v, softmax_scale=scale, window_size=window,
+                                                            return_lse=True), q, k, v, do, dt)
+            except Exception as e:
+                emit(check=label, error=f"{type(e).__name__}: {str(e)[:200]}")
+                continue
+            ref = fwd_bwd(lambda q, k, v: attention(q, k, v, keep, scale), q, k, v, do, F64)
+            eager = fwd_bwd(lambda q, k, v: attention(q, k, v, keep, scale), q, k, v, do, dt)
+            emit(check=label, **compare(a, ref, eager, names=("out", "dq", "dk", "dv")))
+            torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
     import sys
 
@@ -256,6 +286,9 @@ if __name__ == "__main__":
         sys.exit(0)
     if sys.argv[1:2] == ["sink_lse"]:  # python benchmarks/repro_fa4.py sink_lse: F37, well under a minute
         sink_lse()
+        sys.exit(0)
+    if sys.argv[1:2] == ["dv_bwd"]:  # python benchmarks/repro_fa4.py dv_bwd: F40
+        dv_bwd()
         sys.exit(0)
     for fn, args in ((f17, ()), (f18, (True,)), (f18, (False,)), (f19, (True,)), (f19, (False,))):
         try:

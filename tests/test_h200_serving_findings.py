@@ -69,8 +69,9 @@ REAL_SINK_FAILURES = {"sink_as_extra_key": SINK_AS_EXTRA_KEY, "sinks_match_refer
 @pytest.mark.parametrize("prop", sorted(REAL_SINK_FAILURES))
 def test_fa4_sink_lse_overflow_is_the_declared_finding_and_only_it(prop):
     """F37: the LSE +inf against a finite reference, with sinks, output right. Each real message is known; the same
-    message with a NaN LSE, a finite wrong LSE, a wrong output, a wrong dQ or dsinks, or sinks of -inf (which cannot
-    overflow) is a new failure. Not strict: a run may draw no sink that far above its scores."""
+    message with a NaN LSE, a finite wrong LSE, a wrong output, a wrong dQ, or sinks of -inf (which cannot overflow)
+    is a new failure (a wrong dsinks beside the +inf LSE is the same finding: the repro measured the +inf rows
+    dropping out of it, tests/test_h200_fa4_session6.py). Not strict: a run may draw no sink that far above its scores."""
     msg = REAL_SINK_FAILURES[prop]
     assert FA4.classify(prop, msg)[0] == "known", msg
     assert "F37" in FA4.known_failures[prop] and prop in FA4.known_not_strict
@@ -81,7 +82,6 @@ def test_fa4_sink_lse_overflow_is_the_declared_finding_and_only_it(prop):
                  .replace("(got inf,", "(got 3.5,"),
               msg.replace("lse: MISMATCH", "out: MISMATCH\n  1 non-finite value(s)\nlse: MISMATCH"),
               (msg + "\ndq: MISMATCH\n  Relative L2 error: 0.9").replace(" D=8 ", " D=32 "),  # (D=8 is F18's)
-              msg + "\ndsinks: MISMATCH\n  Relative L2 error: 0.9",
               msg.replace(f"'kind': {kind}", "'kind': 'neg_inf'")]
     for other in others:
         assert other != msg

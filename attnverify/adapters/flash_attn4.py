@@ -251,6 +251,17 @@ _F18 = (f"{_RUN}: the SM90 backward reads its fp32 accumulators with the wrong h
         "Upstream tests the backward at D in {64, 96, 128, 192}. First seen as Lq=65 Lk=2 D=16 causal (dQ of "
         "row 64 zero) and Hq=6 Hkv=3 Lq=Lk=576 D=16 (dK/dV, F19). "
         f"docs/compatibility.md F18; {_REPRO} hdim")
+# F40, seen on the H200 (2026-12-05, ci profile): the backward with Dv != D fails to compile. fully_masked_rows shrank
+# to B=1 Lq=10 Lk=3 D=64 Dv=32 fp16 window (2, 0): 'backward raised MLIRError: Operation creation failed', the
+# forward right. FA4's _validate_head_dims accepts any Dv <= D (multiples of 8); upstream tests the backward only at
+# (128, 64), (192, 128) and D > 128 pairs. Not strict: a property shows it only when it draws Dv != D with a backward.
+_DV_BWD = r"shrunk case: [^\n]*\bDv=\d+[\s\S]*backward raised MLIRError"
+_F40 = finding(
+    f"{_RUN}: the backward with a value head dim below the q/k one fails to compile: B=1 Lq=10 Lk=3 D=64 Dv=32 fp16 "
+    "window (2, 0) (fully_masked_rows): 'backward raised MLIRError: Operation creation failed'; the forward right. "
+    "FA4 accepts Dv < D (_validate_head_dims); upstream's tests run the backward only at (128, 64), (192, 128) and "
+    f"D > 128 pairs. docs/compatibility.md F40; {_REPRO} dv_bwd (sweeps (D, Dv); not yet run). Not strict: only "
+    "draws with Dv != D and a backward show it", _DV_BWD, strict=False)
 _H200_FINDINGS = {
     "no_out_of_bounds": dict(match=VARLEN_LEAK + "|" + _ACCUM, why=(
         f"{_RUN}: varlen segment leak. B=1 Hq=2 Hkv=1 D=32 fp16, cu_seqlens_q=[0,5,5,136,138], "
@@ -262,15 +273,17 @@ _H200_FINDINGS = {
     # not strict: a property shows F18 only when it draws an affected D with more than 64 query rows (or, through GQA,
     # keys); no corpus case does, and the ci run of 2026-12-05 (6 examples) drew none on fully_masked_rows and
     # gradients_match_reference (XPASS(strict) there)
-    **{prop: finding(_F18, _ACCUM, strict=False) for prop in (
-        "gradients_match_reference", "fully_masked_rows", "gqa_equals_repeated_kv", "outputs_fully_written",
-        "non_default_stream")},
+    **{prop: finding(_F18, _ACCUM, strict=False) for prop in ("gqa_equals_repeated_kv", "non_default_stream")},
+    # GQA with Dv != D is refused (_refuses), so F40 only where the property may draw Dv != D without GQA
+    **{prop: combine(finding(_F18, _ACCUM, strict=False), _F40) for prop in (
+        "gradients_match_reference", "fully_masked_rows", "outputs_fully_written")},
 }
 
 # F37, measured on the H200 (2026-12-05, ci profile): with learnable sinks the LSE is +inf where the reference's is
-# finite, the output right. Narrowed to exactly that: no out/dq/dk/dv/dsinks mismatch, the LSE's worst element +inf
-# against a finite value, and sinks that are not all -inf (those cannot overflow).
-SINK_LSE_INF = (OUTPUT_RIGHT + r"(?![\s\S]*\bd(?:q|k|v|sinks): MISMATCH)[\s\S]*\blse: MISMATCH\n  \d+ non-finite "
+# finite, the output right; the repro then measured the sink's gradient wrong with it (the +inf rows drop out of
+# dsink). Narrowed to exactly that: no out/dq/dk/dv mismatch, the LSE's worst element +inf against a finite value,
+# and sinks that are not all -inf (those cannot overflow).
+SINK_LSE_INF = (OUTPUT_RIGHT + r"(?![\s\S]*\bd[qkv]: MISMATCH)[\s\S]*\blse: MISMATCH\n  \d+ non-finite "
                 r"value\(s\) where the reference differs \(NaN/Inf\)\n[\s\S]*?\(got inf, expected -?\d[^;\n]*;"
                 r"[\s\S]*property parameters: \{'sinks': \{'kind': '(?:normal|dominant|mixed)'")
 _F37 = finding(
@@ -281,26 +294,35 @@ _F37 = finding(
     "exact weights are below e^-88. Seen: sink_as_extra_key (Lq=Lk=1 D=16 fp16 row_shift=-1000, sink 0.77: LSE inf, "
     "expected 0.7705), sinks_match_reference (B=2 Hq=2 Lq=Lk=3 D=8 fp16 equal scores, 'mixed' sinks of level 30: "
     "LSE inf, expected 87.54; out, dQ, dK, dV right), sinks_paged ('dominant' sinks of level 30: LSE inf, expected "
-    f"99.34). docs/compatibility.md F37; {_REPRO} sink_lse. Not strict: only a sink ~89 above its row's best score "
-    "shows it (sinks of level 30 or scores shifted by -1000, drawn on some examples)",
+    f"99.34). The repro (H200): the +inf rows exactly where the sink tops the row max by > 88.7, and dsink loses "
+    "them (64 per head expected, 0 from a margin of 89). docs/compatibility.md F37; {_REPRO} sink_lse. Not strict: "
+    "only a sink ~89 above its row's best score shows it (sinks of level 30 or scores shifted by -1000, drawn on "
+    "some examples)",
     SINK_LSE_INF, strict=False)
 
-# Documented by FA4 (flash_attn_varlen_func's docstring, quoted in flash_attn4_serving.py), not yet measured: a page
-# of exactly one key tile loads by TMA whole, so NaN past cache_seqlens in a sequence's last page reaches its output.
+# Documented by FA4 (flash_attn_varlen_func's docstring, quoted in flash_attn4_serving.py) and measured on the H200
+# (2026-12-05: paged_equals_contiguous, and sinks_paged at cache_seqlens [1] of a 128-slot page, D=16): a page of
+# exactly one key tile loads by TMA whole, so NaN past cache_seqlens in a sequence's last page reaches its output.
 # Not strict: only drawn pages of 64 or 128 slots at a head dim whose tile they equal, with NaN garbage, show it.
-_PAGE_TMA_NAN = (r"page_size=(?:64|128)\b[\s\S]*garbage reached the output: [^\n]* hold (?:nan|mixed)")
+# paged_equals_contiguous names the garbage; sinks_paged shows NaN in out with the note on the partly used page.
+_PAGE_TMA_NAN = (r"page_size=(?:64|128)\b[\s\S]*(?:garbage reached the output: [^\n]* hold (?:nan|mixed)|"
+                 r"\bout: MISMATCH\n  \d+ non-finite value[\s\S]*end inside a page: the slots after their last key, in "
+                 r"that page, hold (?:nan|mixed))")
+_TMA_WHY = (
+    "flash-attn-4 4.0.0b36 documents it (flash_attn_varlen_func, page_table): 'When pages load by TMA (a page "
+    "holds whole key tiles), a tile loads every row of its block, including rows past seqused_k in a sequence's "
+    "last, partially used page. Their scores are masked, but P = 0 times a NaN V row is still NaN, so those rows "
+    "must be finite'; on SM90 pages load by TMA when page_size equals the key tile (64 or 128 among the drawn "
+    "sizes, flash_attn4_serving.sm90_tile_n). Measured on the H200 (2026-12-05): B=1 Lq=4 D=16 bf16 page 128 "
+    "cache_seqlens [129] (paged_equals_contiguous) and Lq=1 D=16 fp16 page 128 cache_seqlens [1] with a sink "
+    "(sinks_paged): every output NaN")
 _SERVING_FINDINGS = {
     # F18 (measured above) on the sink property, which judges dQ/dK/dV too; not strict: a run shows it only when it
     # draws an affected head dim
     "sinks_match_reference": combine(finding(_F18, _ACCUM, strict=False), _F37),
     "sink_as_extra_key": _F37,
-    "sinks_paged": _F37,
-    "paged_equals_contiguous": dict(match=_PAGE_TMA_NAN, strict=False, why=(
-        "flash-attn-4 4.0.0b36 documents it (flash_attn_varlen_func, page_table): 'When pages load by TMA (a page "
-        "holds whole key tiles), a tile loads every row of its block, including rows past seqused_k in a sequence's "
-        "last, partially used page. Their scores are masked, but P = 0 times a NaN V row is still NaN, so those rows "
-        "must be finite'; on SM90 pages load by TMA when page_size equals the key tile (64 or 128 among the drawn "
-        "sizes, flash_attn4_serving.sm90_tile_n). Declared from the documentation; not yet measured on the H200")),
+    "sinks_paged": combine(_F37, finding(_TMA_WHY, _PAGE_TMA_NAN, strict=False)),
+    "paged_equals_contiguous": finding(_TMA_WHY, _PAGE_TMA_NAN, strict=False),
 }
 
 
