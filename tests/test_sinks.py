@@ -262,3 +262,56 @@ def test_sinks_joined_to_a_case_are_put_to_the_adapters_refuses():
                    causal=("none", "bottom_right"))(fn)
     run = _run("sinks_match_reference", a, max_examples=12)
     assert run.statuses.get("passed", 0) >= 3 and run.statuses.get("skipped", 0) >= 1, run.statuses
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient times `f` (a kernel's float32 dsinks, relatively off by f - 1)."""
+
+    @staticmethod
+    def forward(ctx, x, f):
+        ctx.f = f
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.f, None
+
+
+def test_dsinks_is_judged_at_the_scale_of_the_terms_it_sums(monkeypatch):
+    """The H200 run of 2026-12-05: the bundled kernel's float32 dsinks on B=1 Lq=Lk=1 D=16 was 1.7e-6 to 3.2e-6 off
+    relatively (2.5e-8 absolutely, within 54 ulps at its scale) where the bound held it to 9.5e-7 of |dsinks| itself:
+    dsinks = sum_i P_sink,i (dLSE_i - dO_i . out_i) cancels (0.0078 out of terms near 1). Judged at the size of its
+    terms (properties.sinks.sink_gradient_terms), such a kernel passes; a zero sink gradient still fails on the same
+    case; judged at |dsinks| (the rule before) the kernel fails."""
+    from attnverify.properties import sinks as sinks_mod
+
+    naive = get("naive")
+
+    def adapter_with(f):
+        @av.adapter(f"user-dsinks-x{f}", register=False, dtypes=("float32",), head_dims=lambda d: True, sinks=True,
+                    backward=True, lse=True, gqa=True)
+        def a(q, k, v, spec):
+            s = spec.sinks if spec.sinks is None or not spec.sinks.requires_grad else _ScaleGrad.apply(spec.sinks, f)
+            return naive(q, k, v, spec.replace(sinks=s))
+        return a
+
+    prop = get_property("sinks_match_reference")
+    found = None
+    for seed in range(40):  # a case whose dsinks is a cancellation: at least 20x below its terms
+        c = with_sinks(build_case(CaseRecipe(batch=1, heads_q=1, heads_kv=1, len_q=1, len_k=1, head_dim=16,
+                                             dtype="float32", return_lse=True, seed=seed)),
+                       {"sinks": {"kind": "normal", "level": 0.5, "seed": seed}})
+        g = sinks_mod.sink_gradient(naive, c)
+        if g["terms"] > 20 * float(g["dsinks"][1].abs().max()):
+            found = c
+            break
+    assert found is not None
+    # 1.5e-5 relatively: past what the bound at |dsinks| allows (9.5e-7, or 4x naive's own error here, ~1.1e-6), within
+    # the float32 floor at the terms' scale (33x |dsinks| in this case)
+    off, zero = adapter_with(1 + 1.5e-5), adapter_with(0.0)
+    params = {"sinks": {"kind": "normal", "level": 0.5, "seed": 0}}
+    assert sinks_mod.judge_dsinks(prop, off, found, params).passed
+    assert not sinks_mod.judge_dsinks(prop, zero, found, params).passed
+    monkeypatch.setattr(sinks_mod, "sink_gradient_terms", lambda *a: 0.0)
+    res = sinks_mod.judge_dsinks(prop, off, found, params)
+    assert not res.passed and "norm-wise error is not" in res.message
