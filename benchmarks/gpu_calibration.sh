@@ -17,6 +17,10 @@
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 R=${1:-/tmp/gpucal}; N=${N:-1000}; T=${T:-300}; mkdir -p "$R"
 ADAPTERS=${ADAPTERS:-naive sdpa-math sdpa-flash sdpa-efficient sdpa-cudnn sdpa triton flex jax flash-attn4}
+# flash-attn4's wheels, installed on this machine by an earlier call (benchmarks/fa4_wheels.sh install: pip --target
+# /tmp/site), are found the way that script exports them (a new shell does not inherit its PYTHONPATH)
+case " $ADAPTERS " in *" flash-attn4 "*) [ -d /tmp/site ] && \
+  export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PYTHONPATH;; esac
 for a in $ADAPTERS; do
   pool=0; case " ${POOL_ADAPTERS:-triton flex jax flash-attn4} " in *" $a "*) pool=${POOL:-0};; esac
   for dt in ${DTYPES:-float16 bfloat16 float32}; do
