@@ -6,8 +6,8 @@
 #   call 1 (carry .whl1):  bash benchmarks/fa4_wheels.sh stash
 #   call 2 (carry .whl2):  export PYTHONPATH=$PWD PYTEST_PLUGINS=attnverify.plugin; bash benchmarks/fa4_serving_h200.sh
 #
-# Call 2 installs the wheels (fa4_wheels.sh install, ~40 s), runs `benchmarks/repro_fa4.py sink_lse` (F37, standalone,
-# 90 s at most -> repro_sink_lse.log), then, side by side (170 s at most, RUN_BUDGET):
+# Call 2 installs the wheels (fa4_wheels.sh install, ~40 s), runs `benchmarks/repro_fa4.py sink_lse` and `dv_bwd` (F37,
+# F40, standalone, 90 s at most each -> repro_sink_lse.log), then, side by side (170 s at most, RUN_BUDGET):
 # 1. `attnverify run --adapter flash-attn4 --profile ci` on the serving and sink properties, plus the gradient
 #    properties that the LSE's new gradient path touches (gradients_match_reference, fully_masked_rows) ->
 #    run_fa4.log, reports.tgz (the report folder: results.jsonl, the shrunk cases, summaries);
@@ -55,7 +55,8 @@ a = get("flash-attn4")
 print("flash-attn4:", a.unavailable_reason() or "available", "|", a.claims.summary())
 PY
 cat "$OUT/versions.txt"
-( timeout 90 $PY benchmarks/repro_fa4.py sink_lse; echo "exit $?" ) > "$OUT/repro_sink_lse.log" 2>&1
+( timeout 90 $PY benchmarks/repro_fa4.py sink_lse; echo "exit $?"
+  timeout 90 $PY benchmarks/repro_fa4.py dv_bwd; echo "exit $?" ) > "$OUT/repro_sink_lse.log" 2>&1
 
 PROPS="paged_equals_contiguous or batch_invariance or split_invariance or lse_merge or sinks_match_reference"
 PROPS="$PROPS or sink_as_extra_key or sink_limits or sinks_paged or gradients_match_reference or fully_masked_rows"
