@@ -10,6 +10,9 @@ and zoo members with known bugs, among them a precision bug that only the per-ca
 (flash-rowsum-half; pv-half-accumulate), an adapter that writes into its input (the in-place check) and a wrong backward.
 
     python tests/test_same_verdicts.py --write    # regenerate (only at a commit whose verdicts are trusted)
+
+A deliberate change of the rule re-records only the severities it moves, each entry marked with "rerecorded" (why,
+at which commit): statuses never change that way.
 """
 from __future__ import annotations
 
