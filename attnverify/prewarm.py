@@ -13,15 +13,19 @@ TRITON_CACHE_DIR), where the run's workers then find them.
 
 Only adapters that implement the hook are pre-warmed (the bundled `triton` does, attnverify/triton_prewarm.py);
 under the Triton interpreter (no GPU) there is nothing to compile and only the draws are made. It changes no
-verdict: the draws use no example database and the run's own draws are made afresh by the run
-(tests/test_prewarm.py checks both). What the pre-warm cannot foresee is compiled in the run as before: draws
-that depend on verdicts (targeting, shrinking a failure).
+verdict: the draws read a copy of the run's example database (private_copy: the run's is never written), and the
+run's own draws are made afresh by the run (tests/test_prewarm.py checks both). Reading it matters: with a database
+Hypothesis keeps a Pareto front of the examples, whose upkeep draws from the same random stream as generation, so a
+pre-warm without one drew other cases than the run from the first generated example on (2026-12-05: 40% of the run's
+kernels foreseen for four properties; BENCHMARKS.md). What the pre-warm cannot foresee is compiled in the run as
+before: draws that depend on verdicts (the severities fed to targeting and to that Pareto front, a failure's shrinking).
 
 The pool forks (the controlling process has touched no GPU: the plugin keeps it that way), so adapters and
 properties registered by a conftest.py are there in the pool too; without fork (Windows) it does nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -62,10 +66,13 @@ def keyword_selected(pairs, keyword: str) -> list:
     return [(a, p) for a, p in pairs if keep(a, p)]
 
 
-def drawn_examples(prop, adapter, *, profile: str, seed: int, max_examples: Optional[int], device: str) -> List[Any]:
+def drawn_examples(prop, adapter, *, profile: str, seed: int, max_examples: Optional[int], device: str,
+                   database: Any = ...) -> List[Any]:
     """The values `prop` draws for `adapter` in a run with this seed, profile and example count: its corpus, then
-    Hypothesis' draws (run_property with a runner that judges nothing and no example database; targeting and a
-    failure's shrinking, which depend on verdicts, are what may draw differently in the run)."""
+    Hypothesis' draws (run_property with a runner that judges nothing; targeting, the Pareto front's upkeep and a
+    failure's shrinking, which depend on verdicts, are what may draw differently in the run). `database`: the run's
+    example database (a private copy is used: see private_copy), None for a run without one; `...`: an empty one (a
+    run in a fresh folder)."""
     from .properties.base import ExampleResult
     from .properties.driver import PropertySkipped, run_property
 
@@ -75,12 +82,37 @@ def drawn_examples(prop, adapter, *, profile: str, seed: int, max_examples: Opti
         out.append(drawn)
         return ExampleResult(True, status="passed")
 
-    try:
-        run_property(prop, adapter, profile=profile, seed=seed, max_examples=max_examples, device=device,
-                     runner=collect, database=None, max_bugs=1)
-    except PropertySkipped:
-        pass
+    with private_copy(database) as db:
+        try:
+            run_property(prop, adapter, profile=profile, seed=seed, max_examples=max_examples, device=device,
+                         runner=collect, max_bugs=1, database=db)
+        except PropertySkipped:
+            pass
     return out
+
+
+@contextlib.contextmanager
+def private_copy(database: Any):
+    """A copy of `database` as it is now, which the pre-warm's draws may write to as the run writes to its own (a run
+    reads back what it saved moments before: the Pareto front's entries): an example database in memory or in a folder
+    is copied (the run's is never touched); any other is read through hypothesis' ReadOnlyDatabase (writes dropped:
+    the draws may then differ from the run's where it reads back its own writes). None stays None; `...`: empty."""
+    from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase, ReadOnlyDatabase
+
+    if database is None or database is ...:
+        yield None if database is None else InMemoryExampleDatabase()
+    elif isinstance(database, InMemoryExampleDatabase):
+        copy = InMemoryExampleDatabase()
+        copy.data = {k: v.copy() for k, v in database.data.items()}  # set.copy keeps the order fetch gives
+        yield copy
+    elif isinstance(database, DirectoryBasedExampleDatabase):
+        with tempfile.TemporaryDirectory(prefix="attnverify_prewarm_db_") as tmp:
+            path = os.path.join(tmp, "db")
+            if os.path.isdir(database.path):
+                shutil.copytree(database.path, path)
+            yield DirectoryBasedExampleDatabase(path)
+    else:
+        yield ReadOnlyDatabase(database)
 
 
 def _draw_pair(i: int) -> tuple:
@@ -115,10 +147,11 @@ def warm_example(adapter, prop, drawn, scratch: str) -> tuple:
 
 
 def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] = None, device: str = "auto",
-                workers: Optional[int] = None, timeout_s: float = TIMEOUT_S) -> dict:
+                workers: Optional[int] = None, timeout_s: float = TIMEOUT_S, database: Any = ...) -> dict:
     """Pre-warm the (adapter, property) pairs of a run (Adapter and Property objects; pairs whose adapter has no
     `prewarm` hook, is unavailable here or is skipped by the property are left out) with the run's profile, seed,
-    example count and device, on `workers` processes (default: every core): first each pair's draws, then each
+    example count, device and example database (a private copy; `...`: an empty one), on `workers` processes (default:
+    every core): first each pair's draws, then each
     drawn example (judged inside the adapter's prewarm context); stopped after `timeout_s` seconds (a hang must
     not hold the run). Returns {"adapters": [names], "workers", "seconds",
     "draw_seconds", "examples", "calls" (examples judged), "compiles", "compiles_per_process", "errors", "note",
@@ -150,7 +183,7 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
         if not any(a is x for x in adapters):
             adapters.append(a)
     _PLAN.update(pairs=pairs, adapters=adapters, scratch=scratch,
-                 settings=dict(profile=profile, seed=seed, max_examples=max_examples, device=device))
+                 settings=dict(profile=profile, seed=seed, max_examples=max_examples, device=device, database=database))
     errors: List[str] = []
     deadline = time.monotonic() + timeout_s
     import multiprocessing

@@ -84,10 +84,21 @@ class Recorder:
         return True
 
 
-def count(props_arg: str, profile: str, seed: int, max_examples: int) -> dict:
+def journal_draws(report_dir: str) -> dict:
+    """{property: [drawn, ...]} of a run's journal (its case_start records: what the run really drew)."""
+    from attnverify.journal import last_run
+
+    out: dict = {}
+    for r in last_run(report_dir):
+        if r.get("event") == "case_start" and r.get("adapter") == "triton":
+            out.setdefault(r["property"], []).append(r["drawn"])
+    return out
+
+
+def count(props_arg: str, profile: str, seed: int, max_examples: int, draws: dict = None) -> dict:
     import standin_driver
 
-    standin_driver.install(cuda_tiles=True)
+    standin_driver.install(cuda_tiles=True)  # idempotent
     from triton import knobs
 
     from attnverify.adapters.base import Adapter
@@ -112,7 +123,10 @@ def count(props_arg: str, profile: str, seed: int, max_examples: int) -> dict:
             continue
         t0 = time.perf_counter()
         rec.bucket = set()
-        drawn = drawn_examples(prop, adapter, profile=profile, seed=seed, max_examples=max_examples, device="cpu")
+        if draws is not None and prop.name not in draws:
+            continue
+        drawn = draws[prop.name] if draws is not None else drawn_examples(
+            prop, adapter, profile=profile, seed=seed, max_examples=max_examples, device="cpu")
         seen = set()
         for ex in drawn:
             k = json.dumps(ex, sort_keys=True, default=str)
@@ -127,7 +141,7 @@ def count(props_arg: str, profile: str, seed: int, max_examples: int) -> dict:
               f"{time.perf_counter() - t0:.0f} s", flush=True)
     names.update(rec.names)
     return {"profile": profile, "seed": seed, "max_examples": max_examples, "per_property": per_prop,
-            "names": names, "errors": errors[:20], "n_errors": len(errors)}
+            "names": names, "errors": errors[:20], "n_errors": len(errors), "adapter": adapter}
 
 
 def report(res: dict, other: dict = None) -> None:
@@ -166,6 +180,30 @@ def report(res: dict, other: dict = None) -> None:
             f"{c} {collapse(keys, lambda n, p, c=c: arg_class(n, p) == c)}" for c in sorted(classes)))
 
 
+def coverage(a) -> int:
+    """The keys of a real run's draws against the pre-warm's draws and keys, per property."""
+    from attnverify.prewarm import drawn_examples
+    from attnverify.properties import get_property
+
+    draws = journal_draws(a.journal)
+    props = ",".join(draws)
+    run = count(props, a.profile, a.seed, a.max_examples, draws=draws)
+    pre = count(props, a.profile, a.seed, a.max_examples)
+    print("\n| property | run: examples drawn | of them not drawn by the pre-warm | run: keys | of them pre-warmed |")
+    print("|---|---|---|---|---|")
+    tot = [0, 0, 0, 0]
+    for p in run["per_property"]:
+        mine = {json.dumps(x, sort_keys=True, default=str) for x in drawn_examples(
+            get_property(p), run["adapter"], profile=a.profile, seed=a.seed, max_examples=a.max_examples, device="cpu")}
+        rk, pk = {tuple(x) for x in run["per_property"][p]}, {tuple(x) for x in pre["per_property"].get(p, [])}
+        row = [len(draws[p]), sum(json.dumps(d, sort_keys=True, default=str) not in mine for d in draws[p]),
+               len(rk), len(rk & pk)]
+        tot = [x + y for x, y in zip(tot, row)]
+        print(f"| {p} | {row[0]} | {row[1]} | {row[2]} | {row[3]} |")
+    print(f"| all | {tot[0]} | {tot[1]} | {tot[2]} | {tot[3]} ({100 * tot[3] / max(tot[2], 1):.0f}%) |")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--props", default="", help="comma list (default: every property the adapter does not skip)")
@@ -174,13 +212,18 @@ def main(argv=None) -> int:
     ap.add_argument("--max-examples", type=int, default=25)
     ap.add_argument("--json", default="", help="write the keys here")
     ap.add_argument("--compare", default="", help="a --json file of another run: its counts side by side")
+    ap.add_argument("--journal", default="", help="a report folder of a real run (`attnverify run --adapter triton "
+                    "... --report DIR`): the keys of the cases it drew, and how many of them the pre-warm's draws have")
     a = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         sys.exit("dev_profile_keys: unset TRITON_INTERPRET (the stand-in driver computes the JIT's real keys)")
     t0 = time.perf_counter()
+    if a.journal:
+        return coverage(a)
     res = count(a.props, a.profile, a.seed, a.max_examples)
     res["seconds"] = round(time.perf_counter() - t0, 1)
     res["variant"] = os.environ.get("ATTNVERIFY_TRITON_VARIANT", "")
+    res.pop("adapter")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f)
