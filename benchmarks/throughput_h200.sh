@@ -151,7 +151,8 @@ if pre:
     p = pre[-1]
     print(f"pre-warm (inside the wall time): {p.get('seconds', 0):.1f} s ({p.get('draw_seconds', 0):.1f} s drawing) on "
           f"{p.get('workers')} processes: {p.get('examples')} examples drawn, {p.get('calls')} calls, "
-          f"{p.get('compiles')} compiles, {p.get('errors')} errors{'; ' + p['note'] if p.get('note') else ''}\n")
+          f"{p.get('compiles')} compiles, {p.get('errors')} errors{'; ' + p['note'] if p.get('note') else ''}; "
+          f"compiles per process {p.get('compiles_per_process')}, busy s per process {p.get('busy_seconds_per_process')}\n")
 print(split_table(recs))
 print()
 rows = sorted(split_rows(recs), key=lambda r: -r["wall"])[:5]

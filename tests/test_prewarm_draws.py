@@ -69,3 +69,21 @@ def test_the_prewarm_reads_the_runs_database_and_writes_nothing():
     assert {k: set(v) for k, v in db.data.items()} == saved, "the pre-warm wrote to the run's database"
     again = _run_draws(prop, adapter, db, **kw)  # the run: it replays what the first saved, then generates
     assert pre == [_key(x) for x in again]
+
+
+def _files(path) -> dict:
+    return {p.relative_to(path): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+
+
+def test_a_folder_database_is_copied_and_left_as_it_was(tmp_path):
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    prop, adapter = get_property("forward_matches_reference"), EAGER
+    kw = dict(profile="ci", seed=6, max_examples=12, device="cpu")
+    db = DirectoryBasedExampleDatabase(str(tmp_path / "db"))
+    _run_draws(prop, adapter, db, **kw)
+    saved = _files(tmp_path / "db")
+    assert saved, "the control: a run with a database saves examples there"
+    pre = [_key(x) for x in drawn_examples(prop, adapter, database=db, **kw)]
+    assert _files(tmp_path / "db") == saved, "the pre-warm wrote to the run's database folder"
+    assert pre == [_key(x) for x in _run_draws(prop, adapter, db, **kw)]
