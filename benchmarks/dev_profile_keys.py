@@ -1,7 +1,7 @@
 """How many Triton kernels (compile keys) a whole profile of the bundled `triton` adapter launches, and why they differ.
 
     env -u TRITON_INTERPRET PYTHONPATH=$PWD python benchmarks/dev_profile_keys.py --max-examples 25 --seed 1 \
-        [--props a,b] [--json keys.json] [--compare before.json]
+        [--props a,b] [--json keys.json] [--compare before.json] [--journal REPORT_DIR]
 
 On a CPU, with the stand-in sm_90 driver (benchmarks/standin_driver.py: the launcher's CUDA tiles and switches,
 CPU tensors) and nothing compiled: every launch goes through the real `triton.runtime.jit` binder, and Triton's
@@ -15,6 +15,9 @@ Prints the distinct keys per kernel and per property, and per kernel what makes 
 (and warps/stages) how many keys would be left if that argument alone were not part of the key, and the same for
 classes of arguments (Triton's int specialisation: == 1 and divisibility by 16; pointer alignment; dtypes;
 feature flags; head-dim padding; block sizes). --json writes the keys; --compare prints the counts of another run.
+--journal REPORT_DIR: a real run's journal (`attnverify run --adapter triton ... --report DIR`): the keys of the cases
+it drew against the pre-warm's, per property (what the pre-warm foresaw). ATTNVERIFY_TRITON_VARIANT=spec counts the
+specialised kernels (the default on a GPU is nospec).
 """
 from __future__ import annotations
 
