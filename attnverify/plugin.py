@@ -332,7 +332,13 @@ def _prewarm(session, s) -> None:
         mine = set(_shards().shard_pairs([a.name for a in s.adapters], [p.name for p in s.properties], s.shard))
         pairs = [(a, p) for a, p in pairs if (a.name, p.name) in mine]
     pairs = prewarm.keyword_selected(pairs, session.config.getoption("keyword", ""))
-    res = prewarm.run_prewarm(pairs, profile=s.profile, seed=s.seed, max_examples=s.max_examples, device=s.device)
+    db = s.database
+    if db is ...:  # the profiles' own (a folder under the run's directory), as the run's properties get it
+        from .properties.profiles import example_database
+
+        db = example_database()
+    res = prewarm.run_prewarm(pairs, profile=s.profile, seed=s.seed, max_examples=s.max_examples, device=s.device,
+                              database=db)
     s.journal.write({"event": "prewarm", **{k: v for k, v in res.items() if k != "per_property"},
                      "per_property": res["per_property"]})
     tr = session.config.pluginmanager.get_plugin("terminalreporter")

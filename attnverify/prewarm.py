@@ -13,15 +13,19 @@ TRITON_CACHE_DIR), where the run's workers then find them.
 
 Only adapters that implement the hook are pre-warmed (the bundled `triton` does, attnverify/triton_prewarm.py);
 under the Triton interpreter (no GPU) there is nothing to compile and only the draws are made. It changes no
-verdict: the draws use no example database and the run's own draws are made afresh by the run
-(tests/test_prewarm.py checks both). What the pre-warm cannot foresee is compiled in the run as before: draws
-that depend on verdicts (targeting, shrinking a failure).
+verdict: the draws read a copy of the run's example database (private_copy: the run's is never written), and the
+run's own draws are made afresh by the run (tests/test_prewarm.py checks both). Reading it matters: with a database
+Hypothesis keeps a Pareto front of the examples, whose upkeep draws from the same random stream as generation, so a
+pre-warm without one drew other cases than the run from the first generated example on (2026-12-05: 40% of the run's
+kernels foreseen for four properties; BENCHMARKS.md). What the pre-warm cannot foresee is compiled in the run as
+before: draws that depend on verdicts (the severities fed to targeting and to that Pareto front, a failure's shrinking).
 
 The pool forks (the controlling process has touched no GPU: the plugin keeps it that way), so adapters and
 properties registered by a conftest.py are there in the pool too; without fork (Windows) it does nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -62,10 +66,13 @@ def keyword_selected(pairs, keyword: str) -> list:
     return [(a, p) for a, p in pairs if keep(a, p)]
 
 
-def drawn_examples(prop, adapter, *, profile: str, seed: int, max_examples: Optional[int], device: str) -> List[Any]:
+def drawn_examples(prop, adapter, *, profile: str, seed: int, max_examples: Optional[int], device: str,
+                   database: Any = ..., copy: bool = True) -> List[Any]:
     """The values `prop` draws for `adapter` in a run with this seed, profile and example count: its corpus, then
-    Hypothesis' draws (run_property with a runner that judges nothing and no example database; targeting and a
-    failure's shrinking, which depend on verdicts, are what may draw differently in the run)."""
+    Hypothesis' draws (run_property with a runner that judges nothing; targeting, the Pareto front's upkeep and a
+    failure's shrinking, which depend on verdicts, are what may draw differently in the run). `database`: the run's
+    example database (a private copy is used: see private_copy), None for a run without one; `...`: an empty one (a
+    run in a fresh folder); `copy=False`: `database` is the pre-warm's own copy already (drawn into as it is)."""
     from .properties.base import ExampleResult
     from .properties.driver import PropertySkipped, run_property
 
@@ -75,12 +82,52 @@ def drawn_examples(prop, adapter, *, profile: str, seed: int, max_examples: Opti
         out.append(drawn)
         return ExampleResult(True, status="passed")
 
-    try:
-        run_property(prop, adapter, profile=profile, seed=seed, max_examples=max_examples, device=device,
-                     runner=collect, database=None, max_bugs=1)
-    except PropertySkipped:
-        pass
+    with (private_copy(database) if copy else contextlib.nullcontext(database)) as db:
+        try:
+            run_property(prop, adapter, profile=profile, seed=seed, max_examples=max_examples, device=device,
+                         runner=collect, max_bugs=1, database=db)
+        except PropertySkipped:
+            pass
     return out
+
+
+@contextlib.contextmanager
+def private_copy(database: Any):
+    """A copy of `database` as it is now, which the pre-warm's draws may write to as the run writes to its own (a run
+    reads back what it saved moments before: the Pareto front's entries): an example database in memory or in a folder
+    is copied (the run's is never touched); any other is read through hypothesis' ReadOnlyDatabase (writes dropped:
+    the draws may then differ from the run's where it reads back its own writes). None stays None; `...`: empty."""
+    from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase, ReadOnlyDatabase
+
+    if database is None or database is ...:
+        yield None if database is None else InMemoryExampleDatabase()
+    elif isinstance(database, InMemoryExampleDatabase):
+        copy = InMemoryExampleDatabase()
+        copy.data = {k: v.copy() for k, v in database.data.items()}  # set.copy keeps the order fetch gives
+        yield copy
+    elif isinstance(database, DirectoryBasedExampleDatabase):
+        with tempfile.TemporaryDirectory(prefix="attnverify_prewarm_db_") as tmp:
+            path = os.path.join(tmp, "db")
+            if os.path.isdir(database.path):
+                shutil.copytree(database.path, path)
+            yield DirectoryBasedExampleDatabase(path)
+    else:
+        yield ReadOnlyDatabase(database)
+
+
+def _shared_copy(database: Any, scratch: str) -> Any:
+    """One private copy of the run's database for all the pool's draws (made before the fork; each property draws
+    under its own keys, so they share it as the run's properties share the run's): a folder copied into `scratch`
+    once, not once per property; any other kind as private_copy makes it (a forked process's memory is its own)."""
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    if isinstance(database, DirectoryBasedExampleDatabase):
+        path = os.path.join(scratch, "example_db")
+        if os.path.isdir(database.path):
+            shutil.copytree(database.path, path)
+        return DirectoryBasedExampleDatabase(path)
+    with private_copy(database) as db:  # in memory, read-only or None: nothing to clean up after the block
+        return db
 
 
 def _draw_pair(i: int) -> tuple:
@@ -93,10 +140,11 @@ def _draw_pair(i: int) -> tuple:
 
 
 def _warm(task: tuple) -> tuple:
-    """In a pool process: one example of the plan -> (compiles, error, pid)."""
+    """In a pool process: one example of the plan -> (judged, compiles, error, pid, seconds)."""
     i, drawn = task
     adapter, prop = _PLAN["pairs"][i]
-    return (*warm_example(adapter, prop, drawn, _PLAN["scratch"]), os.getpid())
+    t0 = time.perf_counter()
+    return (*warm_example(adapter, prop, drawn, _PLAN["scratch"]), os.getpid(), time.perf_counter() - t0)
 
 
 def warm_example(adapter, prop, drawn, scratch: str) -> tuple:
@@ -115,20 +163,22 @@ def warm_example(adapter, prop, drawn, scratch: str) -> tuple:
 
 
 def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] = None, device: str = "auto",
-                workers: Optional[int] = None, timeout_s: float = TIMEOUT_S) -> dict:
+                workers: Optional[int] = None, timeout_s: float = TIMEOUT_S, database: Any = ...) -> dict:
     """Pre-warm the (adapter, property) pairs of a run (Adapter and Property objects; pairs whose adapter has no
     `prewarm` hook, is unavailable here or is skipped by the property are left out) with the run's profile, seed,
-    example count and device, on `workers` processes (default: every core): first each pair's draws, then each
+    example count, device and example database (a private copy; `...`: an empty one), on `workers` processes (default:
+    every core): first each pair's draws, then each
     drawn example (judged inside the adapter's prewarm context); stopped after `timeout_s` seconds (a hang must
     not hold the run). Returns {"adapters": [names], "workers", "seconds",
-    "draw_seconds", "examples", "calls" (examples judged), "compiles", "compiles_per_process", "errors", "note",
+    "draw_seconds", "examples", "calls" (examples judged), "compiles", "compiles_per_process",
+    "busy_seconds_per_process" (each process's seconds judging examples), "errors", "note",
     "per_property": [{adapter, property, examples}]}."""
     t0 = time.perf_counter()
     pairs = [(a, p) for a, p in pairs if getattr(a, "prewarm", None) is not None and a.unavailable_reason() is None
              and p.why_skipped(a) is None]
     res: Dict[str, Any] = {"adapters": list(dict.fromkeys(a.name for a, _ in pairs)), "workers": 0, "seconds": 0.0,
-                           "draw_seconds": 0.0, "examples": 0, "calls": 0, "compiles": 0, "compiles_per_process": [], "errors": 0, "note": "",
-                           "per_property": []}
+                           "draw_seconds": 0.0, "examples": 0, "calls": 0, "compiles": 0, "compiles_per_process": [],
+                           "busy_seconds_per_process": [], "errors": 0, "note": "", "per_property": []}
     if not pairs:
         res["note"] = ("no adapter of this run has a prewarm hook (only adapters with a JIT implement one, the bundled "
                        "triton does) or no property selected runs for one: nothing to do")
@@ -150,7 +200,8 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
         if not any(a is x for x in adapters):
             adapters.append(a)
     _PLAN.update(pairs=pairs, adapters=adapters, scratch=scratch,
-                 settings=dict(profile=profile, seed=seed, max_examples=max_examples, device=device))
+                 settings=dict(profile=profile, seed=seed, max_examples=max_examples, device=device,
+                               database=_shared_copy(database, scratch), copy=False))
     errors: List[str] = []
     deadline = time.monotonic() + timeout_s
     import multiprocessing
@@ -174,15 +225,19 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
         # interleave the properties, so that the processes do not all meet the same first shapes at once
         tasks.sort(key=lambda t: zlib.crc32(json.dumps(t[1], sort_keys=True, default=str).encode()))
         by_process: Dict[int, int] = {}
+        busy: Dict[int, float] = {}
         results = pool.imap_unordered(_warm, tasks)
         for _ in tasks:
-            judged, compiles, err, pid = results.next(max(1.0, deadline - time.monotonic()))
+            judged, compiles, err, pid, secs = results.next(max(1.0, deadline - time.monotonic()))
             res["calls"] += int(judged)
             res["compiles"] += compiles
             by_process[pid] = by_process.get(pid, 0) + compiles
+            busy[pid] = busy.get(pid, 0.0) + secs
             if err:
                 errors.append(err)
         res["compiles_per_process"] = sorted((c for c in by_process.values() if c), reverse=True)
+        # how evenly the compiles were shared: a busiest process far above the least busy is a tail to shorten
+        res["busy_seconds_per_process"] = sorted((round(b, 1) for b in busy.values()), reverse=True)
     except multiprocessing.TimeoutError:  # a hang here must not hold the run: what is compiled is kept
         errors.insert(0, f"stopped after {timeout_s:g} s (the run compiles the rest)")
     finally:

@@ -11,8 +11,11 @@
 #    fresh folder) with --prewarm (the run's kernels compiled on every core before the workers start: its time is
 #    part of the wall); (b) a second run on the cache (a) left (every compile a disk-cache hit: a cache kept
 #    between runs); (c) an empty cache without the pre-warm (every compile paid in the run, as on a new machine).
-#    (a) and (b) are stopped at TRITON_T seconds (default 150), (c) at what is left of TOTAL_T (default 300 s,
-#    at least 60 s); the split of what a stopped run judged is printed all the same.
+#    (a) is stopped at PREWARM_T seconds (default 200: the pre-warm of about 620 kernels on 16 cores and the run
+#    after it must both end, so that (b) measures a complete cache), (b) at WARM_T (default 90), (c) only with
+#    COLD_T > 0 (default 0: measured 2026-12-05, 88 examples in 60 s); the split of what a stopped run judged is
+#    printed all the same. The kernels run are the default configuration's (since 2026-12-05 the nospec twins on
+#    a GPU); ATTNVERIFY_TRITON_VARIANT=spec gives the specialised kernels of before, for an A/B.
 # Each run's time split (attnverify/timesplit.py: draw, journal, transfer, case, adapter, compile,
 # reference, baseline, compare, other; mean ms per example) is printed from its journal, with the pre-warm's
 # own counts (seconds, compiles) and the kernels in the cache afterwards.
@@ -22,7 +25,7 @@
 # PROFILE_FLASH=1 flash_profile.txt: the --isolate none run under cProfile, its top functions.
 #
 # Dry run on a CPU (no GPU: the interpreter compiles nothing, so the pre-warm only draws; a few properties):
-#   FLASH=sdpa-math FLASH_T=20 TRITON_K="forward_matches or lse_matches" TRITON_T=200 TOTAL_T=60 \
+#   FLASH=sdpa-math FLASH_T=20 TRITON_K="forward_matches or lse_matches" PREWARM_T=200 WARM_T=60 COLD_T=60 \
 #     PY=/path/to/.venv/bin/python TRITON_INTERPRET=1 bash benchmarks/throughput_h200.sh
 set -u
 OUT=${OUT:-/tmp/throughput}; mkdir -p "$OUT"
@@ -105,8 +108,8 @@ done
 #    prewarm: an empty Triton cache and --prewarm (the run's kernels compiled on every core first; its time counts)
 #    warm:    a second run on the cache the first left (every compile a disk-cache hit)
 #    cold:    an empty Triton cache, no pre-warm (every compile paid inside the run, by each worker that meets it)
-# Each is stopped at its cap (TRITON_T for the first two, default 150 s; the cold one gets what is left of
-# TOTAL_T, default 300 s, at least 60 s), and said MET or NOT MET against 120 s with its time split.
+# Each is stopped at its cap (PREWARM_T, default 200 s; WARM_T, default 90 s; COLD_T, default 0: not run), and
+# said MET or NOT MET against 120 s with its time split.
 run_triton() {  # $1 label, $2 cache folder, $3 cap in s, $4.. extra run options
   local label=$1 cache=$2 cap=$3; shift 3
   local rep="$W/triton_$label"
@@ -148,7 +151,8 @@ if pre:
     p = pre[-1]
     print(f"pre-warm (inside the wall time): {p.get('seconds', 0):.1f} s ({p.get('draw_seconds', 0):.1f} s drawing) on "
           f"{p.get('workers')} processes: {p.get('examples')} examples drawn, {p.get('calls')} calls, "
-          f"{p.get('compiles')} compiles, {p.get('errors')} errors{'; ' + p['note'] if p.get('note') else ''}\n")
+          f"{p.get('compiles')} compiles, {p.get('errors')} errors{'; ' + p['note'] if p.get('note') else ''}; "
+          f"compiles per process {p.get('compiles_per_process')}, busy s per process {p.get('busy_seconds_per_process')}\n")
 print(split_table(recs))
 print()
 rows = sorted(split_rows(recs), key=lambda r: -r["wall"])[:5]
@@ -156,28 +160,30 @@ print("slowest items (wall s summed over workers): " + ", ".join(f"{r['property'
 print()
 PY
 }
-TRITON_T=${TRITON_T:-150}
-TOTAL_T=${TOTAL_T:-300}
+PREWARM_T=${PREWARM_T:-${TRITON_T:-200}}
+WARM_T=${WARM_T:-90}
+COLD_T=${COLD_T:-0}
 s0=$(now)
-run_triton prewarm "$W/cache_a" "$TRITON_T" --prewarm
-run_triton warm "$W/cache_a" "$TRITON_T"
-left=$($py -c "import sys; print(max(60, int($TOTAL_T - (float(sys.argv[2]) - float(sys.argv[1])))))" "$s0" "$(now)")
-run_triton cold "$W/cache_b" "$left"
-# same seed, same draws and verdicts? (the examples all three runs judged, by property and index)
+run_triton prewarm "$W/cache_a" "$PREWARM_T" --prewarm
+run_triton warm "$W/cache_a" "$WARM_T"
+[ "$COLD_T" -gt 0 ] && run_triton cold "$W/cache_b" "$COLD_T"
+# same seed, same draws and verdicts? (the examples every run judged, by property and index)
 $py - "$W" >> "$summary" <<'PY'
 import json, os, sys
 from attnverify.journal import last_run
 runs = {}
 for label in ("prewarm", "warm", "cold"):
     path = os.path.join(sys.argv[1], "triton_" + label)
-    recs = last_run(path) if os.path.exists(os.path.join(path, "results.jsonl")) else []
+    if not os.path.exists(os.path.join(path, "results.jsonl")):
+        continue  # not run (COLD_T=0)
+    recs = last_run(path)
     drawn = {(r.get("property"), r.get("index")): json.dumps(r.get("drawn"), sort_keys=True) for r in recs
              if r.get("event") == "case_start"}
     runs[label] = {(r.get("property"), r.get("index")): (drawn.get((r.get("property"), r.get("index"))), r.get("status"),
                    round(float(r.get("severity") or 0), 9)) for r in recs if r.get("event") == "result"}
 common = set.intersection(*(set(v) for v in runs.values()))
 differ = sorted(k for k in common if len({runs[l][k] for l in runs}) > 1)
-print(f"## Same seed, same verdicts\n\n{len(common)} examples judged by all three runs (same property and index): "
+print(f"## Same seed, same verdicts\n\n{len(common)} examples judged by all {len(runs)} runs ({', '.join(runs)}; same property and index): "
       f"{'all alike (drawn case, status, severity)' if not differ else f'{len(differ)} differ, first {differ[:3]}'}\n")
 PY
 (cd "$W" && tar czf "$OUT/triton_journals.tar.gz" triton_prewarm/results.jsonl triton_warm/results.jsonl \

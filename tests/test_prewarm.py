@@ -134,6 +134,8 @@ def test_same_seed_same_verdicts_with_and_without_the_prewarm(pytester, monkeypa
     events = [r for r in read_journal(str(pytester.path / "warmed")) if r.get("event") == "prewarm"]
     assert len(events) == 1 and events[0]["compiles"] == len(calls) and events[0]["examples"] > 0, events
     assert events[0]["errors"] == 0, events
+    busy = events[0]["busy_seconds_per_process"]  # each pool process's time judging examples (the tail's measure)
+    assert 0 < len(busy) <= events[0]["workers"] and busy == sorted(busy, reverse=True) and sum(busy) > 0, events
     # the comparison can fail: another seed draws other examples
     shutil.rmtree(pytester.path / ".hypothesis", ignore_errors=True)
     other = pytester.runpytest_subprocess(*[x if x != "--attn-seed=7" else "--attn-seed=8" for x in args],

@@ -71,6 +71,13 @@ def default_config(head_dim: int, dtype: torch.dtype, device_type: str, head_dim
 def _tile_config(head_dim: int, dtype: torch.dtype, device_type: str, head_dim_v: Optional[int] = None) -> Config:
     if device_type != "cuda" or interpreting():
         return INTERPRETER_CONFIG
+    return replace(_cuda_tiles(head_dim, dtype, head_dim_v), nospec=True)
+
+
+# On a GPU the kernels are the `nospec` twins (issue 25): not specialised on lengths, head counts, windows and
+# per-row strides, so the fuzzer's varied shapes compile 31% fewer kernels (the dev profile: 954 -> 662,
+# benchmarks/dev_profile_keys.py); the same arithmetic (bit-identical outputs, tests/test_triton_nospec.py).
+def _cuda_tiles(head_dim: int, dtype: torch.dtype, head_dim_v: Optional[int] = None) -> Config:
     # the larger of D and Dv sets the tiles: D = 96 with Dv = 160 asked 241 KiB of shared memory (H200: 227)
     bd = max(16, triton_next_pow2(max(head_dim, head_dim_v or head_dim)))
     if dtype == torch.float32:

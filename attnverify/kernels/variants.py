@@ -9,7 +9,8 @@ and `benchmarks/perf_candidates.py` times them against the default on a GPU.
 A switch that does not apply to a call is dropped for it, so every call stays exact: FMA needs a
 positive scale and no softcap or ALiBi; TMA needs dense (not varlen) K and V whose strides TMA takes
 (and sm90+ on a GPU); LPT matters only for causal launches. `nospec` (fewer compiles, not speed) runs the
-kernels' twins that are not specialised on lengths and head counts (flash_fwd.NOSPEC).
+kernels' twins that are not specialised on lengths and head counts (flash_fwd.NOSPEC); it is the default on a GPU
+(launch._tile_config), and `spec` switches it off there (the specialised kernels, for an A/B).
 """
 from __future__ import annotations
 
@@ -22,14 +23,18 @@ VARIANTS = {"fma": "fwd_fma", "lazy": "fwd_lazy", "tma": "fwd_tma", "ws": "fwd_w
 
 
 def parse(text: str) -> dict:
-    """'fma,lazy' -> {'fwd_fma': True, 'fwd_lazy': True}; '' or 'none' -> {}."""
+    """'fma,lazy' -> {'fwd_fma': True, 'fwd_lazy': True}; '' or 'none' -> {}; 'spec' -> {'nospec': False} (the
+    specialised kernels, which a GPU's default configuration no longer uses: the perf gate's A/B)."""
     out = {}
     for name in (x.strip().lower() for x in text.split(",")):
         if not name or name == "none":
             continue
+        if name == "spec":
+            out["nospec"] = False
+            continue
         if name not in VARIANTS:
             raise ValueError(f"{ENV}: unknown variant {name!r}; use a comma list of {', '.join(VARIANTS)} "
-                             f"(or 'none')")
+                             f"(or 'none'; 'spec' for the specialised kernels)")
         out[VARIANTS[name]] = True
     return out
 
