@@ -237,7 +237,7 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
                 errors.append(err)
         res["compiles_per_process"] = sorted((c for c in by_process.values() if c), reverse=True)
         # how evenly the compiles were shared: a busiest process far above the least busy is a tail to shorten
-        res["busy_seconds_per_process"] = sorted((round(b, 1) for b in busy.values()), reverse=True)
+        res["busy_seconds_per_process"] = sorted((round(b, 3) for b in busy.values()), reverse=True)
     except multiprocessing.TimeoutError:  # a hang here must not hold the run: what is compiled is kept
         errors.insert(0, f"stopped after {timeout_s:g} s (the run compiles the rest)")
     finally:

@@ -16,8 +16,9 @@ Prints the distinct keys per kernel and per property, and per kernel what makes 
 classes of arguments (Triton's int specialisation: == 1 and divisibility by 16; pointer alignment; dtypes;
 feature flags; head-dim padding; block sizes). --json writes the keys; --compare prints the counts of another run.
 --journal REPORT_DIR: a real run's journal (`attnverify run --adapter triton ... --report DIR`): the keys of the cases
-it drew against the pre-warm's, per property (what the pre-warm foresaw). ATTNVERIFY_TRITON_VARIANT=spec counts the
-specialised kernels (the default on a GPU is nospec).
+it drew against the pre-warm's, per property (what the pre-warm foresaw). The default configuration's kernels are
+counted (a GPU's default: the specialised kernels until the perf gate times the twins, launch.NOSPEC_ON_GPU);
+ATTNVERIFY_TRITON_VARIANT=nospec counts the nospec twins, `spec` the specialised ones.
 """
 from __future__ import annotations
 

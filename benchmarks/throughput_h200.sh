@@ -14,8 +14,9 @@
 #    (a) is stopped at PREWARM_T seconds (default 200: the pre-warm of about 620 kernels on 16 cores and the run
 #    after it must both end, so that (b) measures a complete cache), (b) at WARM_T (default 90), (c) only with
 #    COLD_T > 0 (default 0: measured 2026-12-05, 88 examples in 60 s); the split of what a stopped run judged is
-#    printed all the same. The kernels run are the default configuration's (since 2026-12-05 the nospec twins on
-#    a GPU); ATTNVERIFY_TRITON_VARIANT=spec gives the specialised kernels of before, for an A/B.
+#    printed all the same. The kernels run are the default configuration's (the specialised ones until the perf
+#    gate times the nospec twins: launch.NOSPEC_ON_GPU); ATTNVERIFY_TRITON_VARIANT=nospec runs the twins (662 kernels
+#    for the dev profile instead of 954), for an A/B.
 # Each run's time split (attnverify/timesplit.py: draw, journal, transfer, case, adapter, compile,
 # reference, baseline, compare, other; mean ms per example) is printed from its journal, with the pre-warm's
 # own counts (seconds, compiles) and the kernels in the cache afterwards.

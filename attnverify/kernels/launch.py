@@ -71,12 +71,17 @@ def default_config(head_dim: int, dtype: torch.dtype, device_type: str, head_dim
 def _tile_config(head_dim: int, dtype: torch.dtype, device_type: str, head_dim_v: Optional[int] = None) -> Config:
     if device_type != "cuda" or interpreting():
         return INTERPRETER_CONFIG
-    return replace(_cuda_tiles(head_dim, dtype, head_dim_v), nospec=True)
+    return replace(_cuda_tiles(head_dim, dtype, head_dim_v), nospec=NOSPEC_ON_GPU)
 
 
-# On a GPU the kernels are the `nospec` twins (issue 25): not specialised on lengths, head counts, windows and
+# Whether a GPU runs the `nospec` twins by default (issue 25): not specialised on lengths, head counts, windows and
 # per-row strides, so the fuzzer's varied shapes compile 31% fewer kernels (the dev profile: 954 -> 662,
-# benchmarks/dev_profile_keys.py); the same arithmetic (bit-identical outputs, tests/test_triton_nospec.py).
+# benchmarks/dev_profile_keys.py); the same arithmetic (bit-identical outputs, tests/test_triton_nospec.py). Off until
+# the perf gate has timed it (2026-12-04's candidates: -2% to -4% at D = 256 forward+backward, where the gate's margin
+# is 0.5-7%): ATTNVERIFY_TRITON_VARIANT=nospec turns it on, `spec` off.
+NOSPEC_ON_GPU = False
+
+
 def _cuda_tiles(head_dim: int, dtype: torch.dtype, head_dim_v: Optional[int] = None) -> Config:
     # the larger of D and Dv sets the tiles: D = 96 with Dv = 160 asked 241 KiB of shared memory (H200: 227)
     bd = max(16, triton_next_pow2(max(head_dim, head_dim_v or head_dim)))

@@ -9,8 +9,8 @@ and `benchmarks/perf_candidates.py` times them against the default on a GPU.
 A switch that does not apply to a call is dropped for it, so every call stays exact: FMA needs a
 positive scale and no softcap or ALiBi; TMA needs dense (not varlen) K and V whose strides TMA takes
 (and sm90+ on a GPU); LPT matters only for causal launches. `nospec` (fewer compiles, not speed) runs the
-kernels' twins that are not specialised on lengths and head counts (flash_fwd.NOSPEC); it is the default on a GPU
-(launch._tile_config), and `spec` switches it off there (the specialised kernels, for an A/B).
+kernels' twins that are not specialised on lengths and head counts (flash_fwd.NOSPEC); `spec` switches it off where
+launch.NOSPEC_ON_GPU makes it a GPU's default (off until the perf gate has timed it).
 """
 from __future__ import annotations
 
