@@ -124,7 +124,10 @@ benchmarks/repro_fa4.py without attnverify (docs/compatibility.md F17, F18):
 The serving and sink properties' first H200 run (ci profile, 2026-12-05; flash_attn4_serving.py): paged calls at
 D = 40 raised FA4's "Paged KV does not support irregular head dim" (now refused by `refuses` and at call time,
 flash_attn4_serving.irregular_head_dim), and three sink properties found F37: the LSE +inf where a sink exceeds
-every score of its row by more than 88.72 (Softmax.finalize's float32 exp2 overflows), the output right.
+every score of its row by more than 88.72 (Softmax.finalize's float32 exp2 overflows), the output right; its
+repro (second run, 2026-12-05) measured the +inf rows exactly where predicted and the sink's gradient losing them.
+The second run also measured the documented TMA-page NaN (paged_equals_contiguous, sinks_paged) and found F40: the
+backward with Dv < D (64, 32) fails to compile (MLIRError), declared not strict.
 """
 from __future__ import annotations
 
