@@ -14,7 +14,9 @@ is a `runner(prop, adapter, drawn) -> ExampleResult` for the property driver:
   property re-imported the adapter's libraries, started CUDA and reloaded compiled kernels each time);
   an object sent that the child lacks makes a fresh fork that holds it too;
 - a child that dies is recreated at the next request; a child that does not answer within
-  `timeout` seconds is killed (SIGKILL) and recreated;
+  `timeout` seconds is killed (SIGKILL) and recreated; the time it spends compiling (Triton's JIT,
+  torch.compile: the child tells the parent as each compile starts and ends) is not counted, up to
+  COMPILE_CAP seconds per compile;
 - the child dies with its parent (attnverify.lifeline: PR_SET_PDEATHSIG on Linux, else a watcher
   thread), so a killed run leaves no judge computing on; a run interrupted while a child judges (Ctrl-C,
   KeyboardInterrupt) kills the child before the interruption goes on;
@@ -40,6 +42,10 @@ from . import timesplit
 from .properties.base import ExampleResult, device_fault
 
 DEFAULT_TIMEOUT = 60.0
+# the judging child's message that a compile starts or ends (timesplit.on_compile): not an answer
+COMPILE_EVENT = "__attnverify_compile__"
+# seconds one compile may take before the child is taken for hung (the per-example timeout pauses while it runs)
+COMPILE_CAP = 600.0
 
 
 def signal_name(signum: int) -> str:
@@ -129,6 +135,9 @@ def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None,
         from .judge_warmup import warm_judge
 
         warm_judge(warm)
+    # compiles are told to the parent as they start and end (after the warm-up: only an example's, which the parent
+    # reads before its answer): its per-example timeout does not count them
+    timesplit.on_compile(lambda kind: conn.send({COMPILE_EVENT: kind}))
     while True:
         try:
             msg = conn.recv()
@@ -178,6 +187,7 @@ class SubprocessRunner:
         self.restarts = 0  # children started after the first (crashes, timeouts, new objects)
         self.started = 0
         self._warm: Optional[list] = None  # the first child's warm-up plan (warm())
+        self.compile_cap = COMPILE_CAP
 
     # -- child management
     def _start(self) -> None:
@@ -308,15 +318,9 @@ class SubprocessRunner:
                 return self._in_process(prop, adapter, drawn)
             self._start()
             self._conn.send((pk, ak, drawn))
-        ready = self._conn.poll(self.timeout_for(prop, adapter))
-        if not ready:
-            self._stop(kill=True)
-            return self._dead(prop, adapter, drawn, time.perf_counter() - t0, timeout=True)
-        try:
-            d = self._conn.recv()
-        except (EOFError, OSError, ConnectionResetError):
-            code = self._stop(kill=True)
-            return self._dead(prop, adapter, drawn, time.perf_counter() - t0, exitcode=code)
+        d = self._answer(prop, adapter, drawn, t0)
+        if isinstance(d, ExampleResult):
+            return d
         wall = time.perf_counter() - t0
         if device_fault(d.get("message") or ""):
             self._stop()  # the child exits after a device fault (its CUDA context is lost): wait for it here,
@@ -325,18 +329,54 @@ class SubprocessRunner:
         res.split = {**res.split, "transfer": max(0.0, wall - float(d.get("judge_seconds") or 0.0))}
         return res
 
-    def _dead(self, prop, adapter, drawn, seconds: float, *, timeout: bool = False,
+    def _answer(self, prop, adapter, drawn, t0: float):
+        """The child's answer (a dict), or the ExampleResult of a child that timed out or died. The timeout runs
+        only while the child is not compiling (COMPILE_EVENT messages: a cold Triton compile of one specialisation
+        took 60+ s on the H200 for a float32 D = 160 split-KV example); a compile is given COMPILE_CAP seconds."""
+        limit = self.timeout_for(prop, adapter)
+        deadline = None if limit is None else time.perf_counter() + limit
+        compiling = None  # when the compile under way started
+        while True:
+            now = time.perf_counter()
+            if compiling is not None:
+                wait = max(0.0, compiling + self.compile_cap - now)
+            else:
+                wait = None if deadline is None else max(0.0, deadline - now)
+            if not self._conn.poll(wait):
+                self._stop(kill=True)
+                return self._dead(prop, adapter, drawn, time.perf_counter() - t0, timeout=True,
+                                  compiling=compiling is not None)
+            try:
+                d = self._conn.recv()
+            except (EOFError, OSError, ConnectionResetError):
+                code = self._stop(kill=True)
+                return self._dead(prop, adapter, drawn, time.perf_counter() - t0, exitcode=code)
+            if not (isinstance(d, dict) and COMPILE_EVENT in d):
+                return d
+            now = time.perf_counter()
+            if d[COMPILE_EVENT] == "start" and compiling is None:
+                compiling = now
+            elif d[COMPILE_EVENT] == "end" and compiling is not None:
+                if deadline is not None:
+                    deadline += now - compiling  # the compile's time is not the example's
+                compiling = None
+
+    def _dead(self, prop, adapter, drawn, seconds: float, *, timeout: bool = False, compiling: bool = False,
               exitcode: Optional[int] = None) -> ExampleResult:
         from .journal import case_hint
 
         case = case_hint(drawn)
         where = f"{getattr(adapter, 'name', adapter)} on {getattr(prop, 'name', prop)}"
         shape = "" if case else f"\ndrawn: {drawn!r}"[:2000]
-        if timeout:
+        if timeout and compiling:
             status = "timeout"
-            msg = (f"TIMEOUT: {where} did not finish within {self.timeout_for(prop, adapter):g} s (--attn-timeout, or "
-                   f"the adapter's min_timeout, times the property's cost); the judging process was killed and "
-                   f"restarted{shape}")
+            msg = (f"TIMEOUT: {where}: one compile ran past {self.compile_cap:g} s (a compile pauses the per-example "
+                   f"timeout, up to that cap); the judging process was killed and restarted{shape}")
+        elif timeout:
+            status = "timeout"
+            msg = (f"TIMEOUT: {where} did not finish within {self.timeout_for(prop, adapter):g} s, compiles not "
+                   f"counted (--attn-timeout, or the adapter's min_timeout, times the property's cost); the judging "
+                   f"process was killed and restarted{shape}")
         else:
             status = "crashed"
             if exitcode is not None and exitcode < 0:
