@@ -30,17 +30,6 @@ class CliUsageError(Exception):
 # --------------------------------------------------------------------------------------------- run
 
 
-def _plugin_autoloaded() -> bool:
-    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
-        return False
-    try:
-        from importlib.metadata import entry_points
-
-        return any(ep.value.split(":")[0] == "attnverify.plugin" for ep in entry_points(group="pytest11"))
-    except Exception:
-        return False
-
-
 def _gpu_present() -> bool:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # ask NVML: this process may fork judges
     try:
@@ -85,9 +74,8 @@ def pytest_args_for_run(ns, extra: List[str], *, gpu: Optional[bool] = None, out
     if profile is None and not os.environ.get("ATTNVERIFY_PROFILE"):
         profile = "dev" if (_gpu_present() if gpu is None else gpu) else "ci"
     args: List[str] = []
-    if not _plugin_autoloaded():
-        args += ["-p", "attnverify.plugin"]
-    args += ["--attn-only", "-p", "no:cacheprovider", "-rfE"]
+    # named as the installed entry point is: pytest registers it once, from a source tree or an install
+    args += ["-p", "attnverify.plugin", "--attn-only", "-p", "no:cacheprovider", "-rfE"]
     if adapters:
         args += [f"--adapter={','.join(adapters)}"]
     for flag, val in (("--attn-profile", profile), ("--attn-report", ns.report), ("--attn-seed", ns.seed),

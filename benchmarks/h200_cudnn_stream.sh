@@ -20,8 +20,6 @@ OUT=${OUT:-/tmp/h200_cudnn_stream}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTEST_PLUGINS=attnverify.plugin PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 ATTNVERIFY_CHILD_THREADS=1
 export REPRO_DEADLINE=${REPRO_DEADLINE:-25}
 PY=${PYTHON:-python3}
-# where attnverify is pip-installed its pytest11 entry point loads the plugin already (twice is an error)
-"$PY" -c "import importlib.metadata as m; m.distribution('attnverify')" 2>/dev/null && unset PYTEST_PLUGINS
 W=/tmp/h200_cudnn_stream_work; rm -rf "$W"; mkdir -p "$W"
 CASE=benchmarks/results/h200_2026-12-04/sdpa_rerun2/cudnn_side_stream_case.json
 t0=$(date +%s)

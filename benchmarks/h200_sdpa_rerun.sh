@@ -12,8 +12,6 @@ set -u
 OUT=${OUT:-/tmp/h200_sdpa_rerun}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTEST_PLUGINS=attnverify.plugin PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 ATTNVERIFY_CHILD_THREADS=1
 PY=${PYTHON:-python3}
-# where attnverify is pip-installed its pytest11 entry point loads the plugin already (twice is an error)
-"$PY" -c "import importlib.metadata as m; m.distribution('attnverify')" 2>/dev/null && unset PYTEST_PLUGINS
 T=${T:-200}; MAX=${MAX:-8}; SEED=${SEED:-1104844371}
 W=/tmp/h200_sdpa_rerun_work; rm -rf "$W"; mkdir -p "$W"
 t0=$(date +%s)

@@ -418,3 +418,27 @@ def test_triton_adapter_runs_on_a_cpu_without_triton_interpret_in_the_environmen
                         "-p", "no:cacheprovider"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "failed" not in r.stdout, r.stdout[-2000:]
+
+
+def test_the_plugin_named_both_ways_at_once_is_registered_once(tmp_path):
+    """A user who installed attnverify (its pytest11 entry point) and also names the plugin the way pytest
+    documents for an uninstalled one (PYTEST_PLUGINS, ``pytest_plugins`` in a conftest, ``-p``) gets one
+    registration: before, pytest registered the module under the entry point's name, then refused the
+    second name with "Plugin already registered under a different name" (an internal error, no test ran)."""
+    import importlib.metadata as md
+
+    eps = [ep for ep in md.entry_points(group="pytest11") if ep.value == "attnverify.plugin"]
+    if not eps:
+        pytest.skip("attnverify is not installed with its pytest11 entry point here (run from a source tree)")
+    assert [ep.name for ep in eps] == ["attnverify.plugin"], "the entry point's name must be the module's name"
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["attnverify.plugin"]\n')
+    (tmp_path / "test_x.py").write_text("def test_x():\n    assert 1 + 1 == 2\n")
+    env = dict(os.environ, PYTEST_PLUGINS="attnverify.plugin")
+    env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "attnverify.plugin", "-p", "no:cacheprovider",
+                        "test_x.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert "already registered" not in r.stdout + r.stderr
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--help"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert "--adapter" in r.stdout, "the plugin's options are there once registered"

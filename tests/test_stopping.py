@@ -110,7 +110,7 @@ def _launch(tmp_path: Path, how: str, n: int):
         argv = [sys.executable, "-c", "import sys; from attnverify.cli import main; sys.exit(main(sys.argv[1:]))",
                 "run", *common, "--profile", "ci", "--report", "rep", "--timeout", "900"]
     else:
-        plugin = [] if cli._plugin_autoloaded() else ["-p", "attnverify.plugin"]
+        plugin = ["-p", "attnverify.plugin"]
         argv = [sys.executable, "-m", "pytest", *plugin, *common, "--attn-profile=ci", "--attn-report=rep",
                 "--attn-timeout=900", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path / "none")]
         (tmp_path / "none").mkdir()
