@@ -79,20 +79,28 @@ def test_two_seeded_runs_replay_the_stored_failure_first(pytester):
     pytester.makeconftest(RARE_BUG.replace("CORPUS_SHAPES = set()", f"CORPUS_SHAPES = {shapes!r}"))
     args = ("--adapter=rare-bug", "--attn-profile=ci", "--attn-isolate=none", "-k", "forward_matches_reference",
             "-p", "no:randomly")
-    first = pytester.runpytest(*args, "--attn-seed=12345")
-    assert first.ret == 1, first.stdout.str()
-    found = _first_failing(first.stdout.str())
-    assert found > corpus + 1, f"the bug must be found by generation, after the corpus ({corpus}): #{found}"
+    # a seed whose generation finds the bug, and not at its first generated example: which seeds do depends
+    # on Hypothesis's version (seed 12345 did up to 6.170.15, not on 6.170.27), so the test looks for one
     db = pytester.path / DATABASE_DIR
+    tried = []
+    for seed in (12345, 1, 2, 3, 4, 5, 6, 7, 8, 9):
+        shutil.rmtree(pytester.path / ".hypothesis", ignore_errors=True)
+        first = pytester.runpytest(*args, f"--attn-seed={seed}")
+        found = _first_failing(first.stdout.str()) if first.ret == 1 else None
+        tried.append((seed, found))
+        if found is not None and found > corpus + 1:
+            break
+    else:
+        pytest.fail(f"no seed found the bug by generation after the corpus ({corpus}): (seed, #) {tried}")
     assert db.is_dir() and any(p.is_file() for p in db.rglob("*")), "the seeded run saved nothing"
 
-    again = pytester.runpytest(*args, "--attn-seed=12345")
+    again = pytester.runpytest(*args, f"--attn-seed={seed}")
     assert again.ret == 1 and _first_failing(again.stdout.str()) == corpus + 1, again.stdout.str()[-3000:]
-    other = pytester.runpytest(*args, "--attn-seed=999")
+    other = pytester.runpytest(*args, f"--attn-seed={seed + 999}")
     assert other.ret == 1 and _first_failing(other.stdout.str()) == corpus + 1, other.stdout.str()[-3000:]
 
     shutil.rmtree(pytester.path / ".hypothesis")
-    fresh = pytester.runpytest(*args, "--attn-seed=12345")
+    fresh = pytester.runpytest(*args, f"--attn-seed={seed}")
     assert fresh.ret == 1 and _first_failing(fresh.stdout.str()) == found, fresh.stdout.str()[-3000:]
 
 
