@@ -6,6 +6,7 @@ what `attnverify repro` replays). Cases made from raw tensors save them to a .pt
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -370,8 +371,11 @@ def build_case(r: CaseRecipe, *, label: str = "", values: bool = True) -> Case:
         q = torch.randn(b, hq, lq, d, generator=gen, dtype=torch.float64) * r.q_std
         k = torch.randn(b, hkv, lk, d, generator=gen, dtype=torch.float64) * r.k_std
         v = torch.randn(b, hkv, lk, dv, generator=gen, dtype=torch.float64) * r.v_std + r.v_mean
-    else:  # issue 25: a probe took 0.9 ms of CPU with its values drawn, 0.2 ms without (dev draws)
-        q, k, v = (torch.zeros(s, dtype=torch.float64) for s in ((b, hq, lq, d), (b, hkv, lk, d), (b, hkv, lk, dv)))
+    else:  # issue 25: a probe took 0.9 ms of CPU with its values drawn, 0.2 ms without (dev draws); its zeros are
+        # made in the input dtype (fp8: float64, quantized below), so the cast below has nothing to do: a quarter of
+        # the memory written for half inputs, no read (the edits below assign or add single values: the same result)
+        zdt = torch.float64 if r.dtype.startswith("float8") else dt
+        q, k, v = (torch.zeros(s, dtype=zdt) for s in ((b, hq, lq, d), (b, hkv, lk, d), (b, hkv, lk, dv)))
     if r.equal_scores and lk:
         k[:] = k[:, :, :1, :]
     if r.late_from is not None and 0 <= r.late_from < lk:
@@ -439,10 +443,28 @@ def build_probe(r: CaseRecipe, *, label: str = "", values: bool = True) -> Case:
     build_case: both draw on the CPU generator. `values=False` (the strategies' claim filter): same
     shapes, dtypes, strides, layouts, mask shapes and spec, but q, k and v are not drawn (build_case)."""
     cpu = dataclasses.replace(r, device="cpu")
-    case = build_case(cpu, label=label, values=values)
+    with _one_thread():
+        case = build_case(cpu, label=label, values=values)
     case.recipe = r
     case.stands_for = r.device
     return case
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """torch on one intra-op thread for the block. A probe is built in the process that drives the examples and
+    forks the judges: a parallel op there starts GNU OpenMP's thread pool, which is not fork-safe (a forked
+    child entering a parallel region can hang) and whose threads spin after each op (issue 25: a dev draw's
+    probe on a loaded 2-core machine cost up to 2 ms of waiting on the pool for a memset of 90,000 elements)."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def _cumsum(xs):

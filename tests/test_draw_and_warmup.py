@@ -237,3 +237,59 @@ def test_the_plugin_forks_the_warmed_child_at_collection_and_judges_alike(pytest
         # warm-up on: the judging child was forked at the end of collection, before the first item ran
         assert first == ("True" if warm == "1" else "False")
     assert seen["1"] == seen["0"] and sum(e[0] == "result" for e in seen["1"]) >= 8
+
+
+PROBE_RECIPES = [
+    dict(dtype="bfloat16", batch=2, heads_q=4, heads_kv=2, len_q=70, len_k=300, head_dim=64, row_shift=900.0,
+         layout="transposed"),
+    dict(dtype="float16", len_q=33, len_k=129, head_dim=40, dominant_key=7, dominant_gap=30.0, key_offset=3.5,
+         poison=(("q", 0, 0, 3, 0, "nan"), ("k", 0, 0, 5, 1, "-inf"), ("v", 0, 0, 2, 2, 70000.0)), layout="offset"),
+    dict(dtype="float32", len_q=20, len_k=50, equal_scores=True, late_from=10, late_boost=8.0, mask="bool_random",
+         masked_garbage=1e4, masked_rows=(0, 3), key_offset=2.0, layout="sliced"),
+    dict(dtype="bfloat16", batch=3, heads_q=2, heads_kv=2, len_q=9, len_k=40, head_dim=96, layout="expanded_kv"),
+]
+
+
+@pytest.mark.parametrize("kw", PROBE_RECIPES, ids=lambda kw: f"{kw['dtype']}-{kw.get('layout')}")
+def test_a_probe_is_what_it_was_when_its_zeros_were_float64(kw):
+    """The claim filter's probe makes its zeros in the input dtype (issue 25: no float64 buffer and no cast per
+    draw): every edit of the recipe lands as it did through float64 (poison, row shift, dominant key, offsets,
+    garbage under masks, layouts), bit for bit and stride for stride."""
+    import dataclasses
+
+    from attnverify.case import CaseRecipe, build_case, build_probe
+
+    r = CaseRecipe(**kw)
+    probe = build_probe(r, values=False)
+    via64 = build_case(dataclasses.replace(r, dtype="float64"), values=False)  # the zeros of before, cast below
+    for got, t in zip((probe.q, probe.k, probe.v), (via64.q, via64.k, via64.v)):
+        want = t.to(got.dtype)
+        assert got.dtype == getattr(torch, kw["dtype"]) and got.shape == want.shape
+        assert got.stride() == t.stride(), (kw.get("layout"), got.stride(), t.stride())
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
+    assert probe.k.abs().max() > 0 or kw.get("layout") == "expanded_kv"  # the edits were applied at all
+
+
+def test_a_probe_runs_torch_on_one_thread_and_gives_the_count_back(monkeypatch):
+    """Probes are built in the process that forks the judges: a parallel op there would start OpenMP's pool
+    (not fork-safe; its threads spin after each op). The count the user set is restored."""
+    from attnverify import case as case_mod
+    from attnverify.case import CaseRecipe, build_probe
+
+    seen = []
+    real = case_mod.build_case
+
+    def spy(*a, **k):
+        seen.append(torch.get_num_threads())
+        return real(*a, **k)
+
+    monkeypatch.setattr(case_mod, "build_case", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        build_probe(CaseRecipe(batch=2, heads_q=4, len_q=300, len_k=300, head_dim=64, dtype="bfloat16"), values=False)
+        assert seen == [1]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
