@@ -106,8 +106,10 @@ def _blame_lost_context(d: dict) -> dict:
     return {**d, "message": ((d.get("message") or "") + "\n" + note).lstrip("\n")}
 
 
-def _child_setup() -> None:
-    """In a forked child: Ctrl-C is the parent's to handle; torch on ATTNVERIFY_CHILD_THREADS threads."""
+def forked_child_setup() -> None:
+    """In a forked child (a judge, a pre-warm's pool process): Ctrl-C is the parent's to handle; torch on
+    ATTNVERIFY_CHILD_THREADS threads (default 1: GNU OpenMP's pool, if the parent used it, hangs a forked child's first
+    parallel op)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import torch
@@ -123,7 +125,7 @@ def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None,
         from .lifeline import die_with_parent
 
         die_with_parent(lifeline[0], forked_from_main_thread=lifeline[1])
-    _child_setup()
+    forked_child_setup()
     if fault_path:  # a fatal signal's Python stack goes to a file the parent quotes (not to the terminal)
         import faulthandler
 

@@ -185,7 +185,7 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
         return res
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
         raise ValueError(f"run_prewarm(workers={workers!r}): give a number of processes >= 1, or None for every core")
-    from .isolation import cuda_initialised, fork_available
+    from .isolation import cuda_initialised, fork_available, forked_child_setup
 
     if not fork_available():
         res["note"] = "the pre-warm's pool forks, and this platform cannot fork: nothing done"
@@ -206,7 +206,9 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
     deadline = time.monotonic() + timeout_s
     import multiprocessing
 
-    pool = multiprocessing.get_context("fork").Pool(n)
+    # each process as a judging child starts: one torch thread (a parent that ran a parallel op left OpenMP's pool in
+    # a state its forked children hang on), Ctrl-C left to this process
+    pool = multiprocessing.get_context("fork").Pool(n, initializer=forked_child_setup)
     try:
         drawn = pool.map_async(_draw_pair, range(len(pairs))).get(max(1.0, deadline - time.monotonic()))
         res["draw_seconds"] = round(time.perf_counter() - t0, 3)

@@ -221,3 +221,50 @@ def test_a_hang_in_the_prewarm_does_not_hold_the_run():
                       max_examples=2, workers=2, timeout_s=5)
     assert time.monotonic() - t0 < 60
     assert res["examples"] > 0 and res["errors"] >= 1 and "stopped after 5 s" in res["note"], res
+
+
+PARALLEL_PARENT = r'''
+import torch, attnverify as av
+from attnverify.prewarm import run_prewarm
+from attnverify.properties import get_property
+
+torch.set_num_threads(2)
+(torch.randn(2_000_000) * 2).sum()  # the parent's own parallel op: OpenMP's pool started here
+
+
+class Ctx:
+    claimed = 1
+
+    def __enter__(self):
+        (torch.randn(2_000_000) * 2).sum()  # a parallel op in the forked pool process: hung there before
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+@av.adapter("par", register=False, dtypes=("float32",), devices=("cpu",), prewarm=lambda scratch: Ctx())
+def par(q, k, v, spec):
+    return torch.softmax((q @ k.transpose(-1, -2)) * spec.resolved_scale(q.shape[-1]), dim=-1) @ v
+
+
+res = run_prewarm([(par, get_property("forward_matches_reference"))], profile="ci", seed=1, max_examples=3,
+                  workers=2, timeout_s=40)
+print("RESULT", res["calls"], res["errors"], repr(res["note"]))
+'''
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the pre-warm's pool forks; this platform has no fork")
+def test_the_prewarm_pool_works_after_the_parent_ran_parallel_torch_ops(tmp_path):
+    """A process that ran a parallel torch op before the pre-warm (a user's script, a conftest) left GNU OpenMP's
+    pool in a state that hangs a forked child's first parallel op: the pool's processes start on one torch thread,
+    as the judging children do (before: every example stopped at the timeout, nothing compiled)."""
+    script = tmp_path / "par.py"
+    script.write_text(PARALLEL_PARENT)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env.pop("ATTNVERIFY_CHILD_THREADS", None)
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180)
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT")]
+    assert line, r.stdout[-2000:] + r.stderr[-2000:]
+    calls, errors, note = line[0].split(" ", 3)[1:]
+    assert int(calls) > 0 and int(errors) == 0 and "stopped" not in note, line[0]
