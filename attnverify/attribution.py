@@ -466,7 +466,7 @@ def _judge_all(prop, adapter, r: CaseRecipe, params: dict, runner, ctx: dict, jo
         if why:
             v.why = why
             continue
-        nb = nb if judge is prop else with_params(nb, params)  # sinks drawn beside the recipe join it
+        nb = nb if judge is prop else with_params(nb, params, adapter)  # sinks drawn beside the recipe join it
         nd = {"recipe": nb.to_dict(), **(params if judge is prop else {})}
         res = runner(judge, adapter, nd)
         v.judged_by, v.status = judge.name, res.status

@@ -18,6 +18,7 @@ from ..timesplit import phase
 KNOWN_DTYPES = ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2")
 KNOWN_DEVICES = ("cpu", "cuda")
 MEMORY_MODES = ("quadratic", "linear")
+SINK_DTYPES = ("float32", "input")
 DEFAULT_HEAD_DIMS = (16, 32, 64, 128)
 DEFAULT_PAGE_SIZES = (1, 3, 7, 16, 64, 128, 256)
 
@@ -54,6 +55,10 @@ class Claims:
     # issue 23 (docs/adapters.md): learnable per-head sinks (forward; their gradient with backward),
     # chunked local attention (Spec.attention_chunk)
     sinks: bool = False
+    # the dtype the library takes sink logits in: "float32" (SPEC's) or "input" (the query's dtype, e.g. onnxruntime's
+    # `head_sink` of type T): then the sinks drawn for this adapter are representable in the input dtype, so that the
+    # rounding its own interface forces is not counted as the kernel's error (attnverify.sink_logits)
+    sink_dtype: str = "float32"
     attention_chunk: bool = False
     # fp8 inputs with spec.q_descale / k_descale / v_descale, float32 (B, Hkv) (FA3's convention; attnverify/fp8.py)
     descales: bool = False
@@ -85,6 +90,7 @@ class Claims:
             f"causal={causal} fully_masked={self.fully_masked} memory={self.memory}"
             + (f" tiles={self.tiles}" if self.tiles else "")
             + (f" num_splits={','.join(map(str, self.num_splits))}" if self.num_splits else "")
+            + (f" sink_dtype={self.sink_dtype}" if self.sink_dtype != "float32" else "")
             + (" " + " ".join(feats) if feats else "")
         )
 
@@ -139,6 +145,11 @@ def _validate_claims(name: str, kw: dict) -> Claims:
         c["tiles"] = t
     if "max_seqlen" in c and int(c["max_seqlen"]) < 1:
         raise bad("max_seqlen", "must be >= 1")
+    if c.get("sink_dtype", "float32") not in SINK_DTYPES:
+        raise bad("sink_dtype", f"{c['sink_dtype']!r}: use one of {SINK_DTYPES} ('input': the library takes sink "
+                                f"logits in the query's dtype)")
+    if c.get("sink_dtype", "float32") != "float32" and not c.get("sinks"):
+        raise bad("sink_dtype", "says how sinks are passed: claim sinks=True too, or leave sink_dtype out")
     if "descales" in c and not isinstance(c["descales"], bool):
         raise bad("descales", f"must be True or False, got {c['descales']!r}")
     if c.get("descales") and not any(d.startswith("float8") for d in c.get("dtypes", ())):

@@ -28,6 +28,7 @@ from ..verdicts import bitwise_difference
 from ._props import CaseProperty, _result_from_check
 from .base import ExampleResult
 from .serving import run
+from ..sink_logits import for_adapter
 from .sinks import sink_params
 
 GAPS = (4.0, 8.0, 12.0, 30.0)
@@ -52,14 +53,15 @@ def fp8_extras(adapter, *, descales_required: bool = False):
     })
 
 
-def with_extras(r: CaseRecipe, extras: dict) -> CaseRecipe:
+def with_extras(r: CaseRecipe, extras: dict, adapter=None) -> CaseRecipe:
     dom = extras.get("dominant")
+    sinks = extras.get("sinks") if adapter is None else for_adapter(adapter, r.dtype, extras.get("sinks"))
     return dataclasses.replace(
         r, descales=extras.get("descales"),
         dominant_key=None if dom is None or not r.len_k else int(dom[0]) % r.len_k,
         dominant_gap=0.0 if dom is None else float(dom[1]),
         layout="v_colmajor" if extras.get("v_colmajor") else r.layout,
-        sinks=extras.get("sinks"))
+        sinks=sinks)
 
 
 class Fp8Property(CaseProperty):
@@ -80,7 +82,7 @@ class Fp8Property(CaseProperty):
     def strategy(self, adapter, profile: str, device: str):
         cases = attention_cases(adapter=adapter, profile=profile, device=device, **self.kwargs(adapter))
         both = st.tuples(cases, fp8_extras(adapter, descales_required=self.descales_required), self.params(adapter))
-        return both.map(lambda t: (with_extras(t[0], t[1]), t[2])).filter(
+        return both.map(lambda t: (with_extras(t[0], t[1], adapter), t[2])).filter(
             lambda t: unclaimed(adapter, build_probe(t[0])) is None).map(lambda t: {"recipe": t[0].to_dict(), **t[1]})
 
     def examples(self, adapter, profile: str, device: str) -> List[dict]:

@@ -22,7 +22,7 @@ from ..case import Case
 from ..check import check, unclaimed, unpack_output
 from ..compare import compare, error_stats
 from ..reference import reference_backward, reference_forward
-from ..sink_logits import SINK_KINDS, make_sinks
+from ..sink_logits import SINK_KINDS, for_adapter, make_sinks
 from ..tolerances import tolerance_for
 from ._props import CaseProperty, _result_from_check
 from .base import ExampleResult
@@ -54,6 +54,9 @@ def with_chunk(case: Case, chunk: int) -> Case:
 def sinks_joined(adapter, case: Case, params: dict) -> Case:
     """with_sinks, then the adapter's `refuses` asked again: the sinks join a case drawn without them (an adapter may
     refuse sinks with soft-capping, say); a refused one raises Refused and the example is skipped with its reason."""
+    # as the adapter takes them (sink_dtype="input": representable in the input dtype); kept in the drawn parameters,
+    # so the journal, the repro and the attribution's neighbour calls rebuild the same logits
+    params["sinks"] = for_adapter(adapter, case.dtype, params["sinks"])
     out = with_sinks(case, params)
     ensure_claimed(adapter, out.q, out.k, out.v, out.spec)
     return out

@@ -117,6 +117,9 @@ def claim_sets(draw, *, wide: bool = False):
     desc["dtypes"] = desc["dtypes"] + fp8
     desc["descales"] = bool(fp8) and draw(st.booleans())
     desc["cache_leftpad"] = cache != "none" and draw(st.booleans())
+    # sink logits taken in the input dtype (onnxruntime's head_sink of type T): the implementation then rounds them
+    # there, as such an interface does
+    desc["sink_dtype"] = draw(st.sampled_from(("float32", "input"))) if desc["sinks"] else "float32"
     if draw(st.booleans()):
         prop = draw(st.sampled_from(KNOWN_PROPS))
         desc["known"] = {"property": prop, "match": draw(st.sampled_from(MATCHES))}
@@ -207,6 +210,8 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
             kw[k] = True
     if desc.get("num_splits"):
         kw["num_splits"] = tuple(desc["num_splits"])
+    if desc.get("sink_dtype", "float32") != "float32":
+        kw["sink_dtype"] = desc["sink_dtype"]
     if desc.get("page_sizes"):
         kw["page_sizes"] = tuple(desc["page_sizes"])
     known = None
@@ -223,6 +228,8 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
         if why:
             raise UnclaimedCall(f"{holder['a'].name} was called outside its claims: {why}")
         s = spec.replace(return_lse=True)
+        if kw.get("sink_dtype") == "input" and s.sinks is not None and q.dtype in (torch.float16, torch.bfloat16):
+            s = s.replace(sinks=s.sinks.to(q.dtype).float())  # the interface's rounding the claim declares
         # only the correct implementation is chunked: the chunks make causal rows a bool mask, which hid the
         # causal_top_left bug from causal_alignment (a wrong implementation gets the call as it comes)
         chunk = bug is None and desc["memory"] == "linear" and _plain(spec)
