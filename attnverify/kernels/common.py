@@ -13,6 +13,12 @@
   the online softmax's factor for a new running max built on it: the forward's loops and sink, the decode
   kernel's loop and sink (`decode._decode_partial`) and the split-KV combine (`combine._combine`).
 - `_lowp`, `_dot`, `_tanh`: dtype conversion, dots, tanh that also run under the interpreter.
+- The `nospec` twins' variants (issue 25, fewer compiles; kernels/variants.py has the host side): `_aligned`, tile
+  strides that came unspecialised and divided by ALIGNED (the host's word that each is a multiple of 16 bytes), and
+  `RTF`, the six mask flags at run time (bits RT_*): a kernel given RTF has the flags' code compiled in and `_rt`
+  picks it per tile. Not causal then reads as a diagonal past every key (`_segment`: causal_off = NO_DIAG), no window
+  as unbounded sides (the host's BIG): the masks' arithmetic is unchanged; only which blocks are masked is chosen at
+  run time. Every helper's RTF defaults to None (constexpr): the default kernels compile as before.
 
 Nothing here touches a GPU at import.
 """
@@ -26,10 +32,32 @@ LN2_F = 0.6931471805599453
 LOG2E = tl.constexpr(LOG2E_F)  # globals read inside @triton.jit must be constexpr
 LN2 = tl.constexpr(LN2_F)
 BIG = 1 << 30  # "unbounded" window side
+NO_DIAG = tl.constexpr(BIG)  # `rtmask`, not causal: the causal diagonal past every key
+# bits of RTF (the `rtmask` twins' run-time mask flags); host side: variants.rtmask_args
+RT_CAUSAL = tl.constexpr(0)
+RT_BR = tl.constexpr(1)
+RT_WINDOW = tl.constexpr(2)
+RT_SOFTCAP = tl.constexpr(3)
+RT_ALIBI = tl.constexpr(4)
+RT_SINKS = tl.constexpr(5)
 
 
 @triton.jit
-def _segment(CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR: tl.constexpr, IS_VARLEN: tl.constexpr):
+def _rt(RTF, BIT: tl.constexpr):
+    """Whether run-time mask flag BIT (RT_*) is on in RTF."""
+    return ((RTF >> BIT) & 1) != 0
+
+
+@triton.jit
+def _aligned(stride_z, stride_h, stride_l, ALIGNED: tl.constexpr):
+    """A tile tensor's strides, given divided by ALIGNED elements (16 bytes; its last dim's stride is 1): multiplied
+    back by the constexpr, so Triton sees them as multiples of 16 bytes and the last dim as contiguous (the vector
+    loads that the specialisation on divisibility by 16 gave the nospec twins)."""
+    return stride_z * ALIGNED, stride_h * ALIGNED, stride_l * ALIGNED, 1
+
+
+@triton.jit
+def _segment(CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR: tl.constexpr, IS_VARLEN: tl.constexpr, RTF=None):
     """-> (b_idx, q_start, k_start, seq_q, seq_k, diag_off, causal_off) of batch or segment `off_z`."""
     zero = off_z * 0
     if IS_VARLEN:  # one packed batch: segment z is rows [cu[z], cu[z + 1])
@@ -49,6 +77,9 @@ def _segment(CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR: tl.constexpr, I
         causal_off = diag_off
     else:
         causal_off = zero
+    if RTF is not None:  # `rtmask`: bottom-right or top-left at run time; not causal, a diagonal past every key
+        causal_off = tl.where(_rt(RTF, RT_BR), diag_off, zero)
+        causal_off = tl.where(_rt(RTF, RT_CAUSAL), causal_off, zero + NO_DIAG)
     return b_idx, q_start, k_start, seq_q, seq_k, diag_off, causal_off
 
 
@@ -59,7 +90,8 @@ def _base(P, b_idx, head, start, stride_z, stride_h, stride_l):
 
 @triton.jit
 def _key_range(m_lo, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+               RTF=None):
     """Key blocks that query rows [m_lo, m_lo + BLOCK_M) see: -> (lo, full_hi, mask_lo, hi).
 
     Blocks [lo, full_hi) need no element mask (inside Lk and, causal, wholly under the diagonal);
@@ -76,18 +108,21 @@ def _key_range(m_lo, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
         lo = tl.maximum(lo, m_lo + diag_off - win_left)
         lo = (lo // BLOCK_N) * BLOCK_N
     hi = tl.maximum(hi, 0)
-    if HAS_WINDOW:
+    if HAS_WINDOW and RTF is None:
         full_hi = lo
     else:
         full_hi = tl.minimum((seq_k // BLOCK_N) * BLOCK_N, hi)
         if IS_CAUSAL:
             full_hi = tl.minimum(full_hi, (tl.maximum(m_lo + causal_off + 1, 0) // BLOCK_N) * BLOCK_N)
+        if HAS_WINDOW:  # `rtmask`: every block masked while a window is on
+            full_hi = tl.where(_rt(RTF, RT_WINDOW), lo, full_hi)
     return lo, full_hi, tl.maximum(full_hi, lo), hi
 
 
 @triton.jit
 def _query_range(n_lo, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                 RTF=None):
     """Query blocks that see keys [n_lo, n_lo + BLOCK_N): -> (lo, full_lo, hi).
 
     Blocks [lo, full_lo) are masked (they cross the causal diagonal, or a window is on); blocks
@@ -105,12 +140,16 @@ def _query_range(n_lo, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
     lo = tl.minimum(lo, seq_q)
     lo = (lo // BLOCK_M) * BLOCK_M
     hi = tl.maximum(hi, lo)
-    if HAS_WINDOW:
+    if HAS_WINDOW and RTF is None:
         full_lo = hi
-    elif IS_CAUSAL:
-        full_lo = tl.minimum(tl.maximum(((n_lo + BLOCK_N - 1 - causal_off + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, lo), hi)
     else:
-        full_lo = lo
+        if IS_CAUSAL:
+            full_lo = tl.minimum(tl.maximum(((n_lo + BLOCK_N - 1 - causal_off + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, lo),
+                                 hi)
+        else:
+            full_lo = lo
+        if HAS_WINDOW:  # `rtmask`: every block masked while a window is on
+            full_lo = tl.where(_rt(RTF, RT_WINDOW), hi, full_lo)
     return lo, full_lo, hi
 
 
@@ -175,25 +214,33 @@ def _dot(a, b, UPCAST: tl.constexpr, IEEE: tl.constexpr):
 def _scores(qk, ii, jj, seq_k, diag_off, causal_off, win_left, win_right, slope,
             scale, qk_scale, softcap_scale, softcap_c2,
             MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-            HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, BOUNDS: tl.constexpr = True):
-    """Raw q.k (fp32) -> final scores in log2 units, and tanh (for softcap grads).
+            HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, BOUNDS: tl.constexpr = True, RTF=None):
+    """Raw q.k (fp32) -> final scores in log2 units, and tanh (for softcap grads; `_softcap_grad`).
 
     `ii` (query index) and `jj` (key index) are 2-D broadcastable index tensors, so the same code
     serves the (M, N) orientation of the forward and dQ and the (N, M) one of dK/dV.
     """
-    if HAS_SOFTCAP:
+    if HAS_SOFTCAP and (RTF is None or _rt(RTF, RT_SOFTCAP)):  # `rtmask`: a branch per tile
         t = _tanh(qk * softcap_scale)  # softcap_scale = scale / c
         s = t * softcap_c2  # softcap_c2 = c * log2(e)
     else:
         t = qk
         s = qk * qk_scale  # qk_scale = scale * log2(e)
-    if HAS_ALIBI:
+    if HAS_ALIBI and (RTF is None or _rt(RTF, RT_ALIBI)):
         dist = tl.abs(ii + diag_off - jj).to(tl.float32)
         s = s - (slope * LOG2E) * dist
     if MASK:
         vis = _visible(ii, jj, seq_k, diag_off, causal_off, win_left, win_right, IS_CAUSAL, HAS_WINDOW, BOUNDS)
         s = tl.where(vis, s, float("-inf"))
     return s, t
+
+
+@triton.jit
+def _softcap_grad(ds, t, HAS_SOFTCAP: tl.constexpr, RTF=None):
+    """dS through the softcap: ds * (1 - tanh^2), `t` the tanh `_scores` returned (while softcap is on)."""
+    if HAS_SOFTCAP and (RTF is None or _rt(RTF, RT_SOFTCAP)):
+        ds = ds * (1.0 - t * t)
+    return ds
 
 
 @triton.jit
@@ -213,11 +260,14 @@ def _visible(ii, jj, seq_k, diag_off, causal_off, win_left, win_right,
 
 
 @triton.jit
-def _slope(SLOPES, b_idx, head, stride_az, stride_ah, HAS_ALIBI: tl.constexpr):
-    if HAS_ALIBI:
+def _slope(SLOPES, b_idx, head, stride_az, stride_ah, HAS_ALIBI: tl.constexpr, RTF=None):
+    if HAS_ALIBI and RTF is None:
         slope = tl.load(SLOPES + b_idx * stride_az + head * stride_ah).to(tl.float32)
     else:
         slope = (b_idx * 0).to(tl.float32)
+        if HAS_ALIBI:  # `rtmask`: SLOPES is a stand-in pointer while ALiBi is off
+            if _rt(RTF, RT_ALIBI):
+                slope = tl.load(SLOPES + b_idx * stride_az + head * stride_ah).to(tl.float32)
     return slope
 
 
@@ -265,3 +315,15 @@ def _rescale(m_i, m_new):
     against m_use (`_safe_max(m_new)`) and what was summed against m_i is multiplied by alpha."""
     m_use = _safe_max(m_new)
     return m_use, tl.math.exp2(m_i - m_use)
+
+
+def nospec_twins(fn, nospec: tuple, tiles: tuple) -> dict:
+    """{(aligned, rtmask): kernel}: the `nospec` twin of @triton.jit function `fn` (not specialised on the arguments
+    `nospec` names, nor on the head dims) and its variants: `aligned` leaves the tile strides `tiles` unspecialised too
+    (the kernel's ALIGNED says what the host knows of them), `rtmask` the run-time mask flags RTF. Host side only."""
+    params = fn.__code__.co_varnames[:fn.__code__.co_argcount]
+    base = [d for d in ("HEAD_DIM", "HEAD_DIM_V") if d in params] + list(nospec)
+    rtf = ["RTF"] if "RTF" in params else []  # the preprocess has no mask flags
+    return {(aligned, rtmask): triton.jit(do_not_specialize=base + (list(tiles) if aligned else [])
+                                          + (rtf if rtmask else []))(fn)
+            for aligned in (False, True) for rtmask in (False, True)}
