@@ -15,10 +15,11 @@
 - `_lowp`, `_dot`, `_tanh`: dtype conversion, dots, tanh that also run under the interpreter.
 - The `nospec` twins' variants (issue 25, fewer compiles; kernels/variants.py has the host side): `_aligned`, tile
   strides that came unspecialised and divided by ALIGNED (the host's word that each is a multiple of 16 bytes), and
-  `RTF`, the six mask flags at run time (bits RT_*): a kernel given RTF has the flags' code compiled in and `_rt`
-  picks it per tile. Not causal then reads as a diagonal past every key (`_segment`: causal_off = NO_DIAG), no window
-  as unbounded sides (the host's BIG): the masks' arithmetic is unchanged; only which blocks are masked is chosen at
-  run time. Every helper's RTF defaults to None (constexpr): the default kernels compile as before.
+  `RTF`, the causal, bottom-right, window and sinks flags at run time (bits RT_*): a kernel given RTF has their code
+  compiled in and `_rt` reads them. Not causal then reads as a diagonal past every key (`_segment`: causal_off =
+  NO_DIAG), no window as unbounded sides (the host's BIG): the masks' arithmetic is unchanged, no branch in a key
+  loop; only which blocks are masked (`_key_range`, `_query_range`) and the sink (the forward's epilogue) are chosen
+  at run time. Every helper's RTF defaults to None (constexpr): the default kernels compile as before.
 
 Nothing here touches a GPU at import.
 """
@@ -37,9 +38,7 @@ NO_DIAG = tl.constexpr(BIG)  # `rtmask`, not causal: the causal diagonal past ev
 RT_CAUSAL = tl.constexpr(0)
 RT_BR = tl.constexpr(1)
 RT_WINDOW = tl.constexpr(2)
-RT_SOFTCAP = tl.constexpr(3)
-RT_ALIBI = tl.constexpr(4)
-RT_SINKS = tl.constexpr(5)
+RT_SINKS = tl.constexpr(3)
 
 
 @triton.jit
@@ -214,33 +213,25 @@ def _dot(a, b, UPCAST: tl.constexpr, IEEE: tl.constexpr):
 def _scores(qk, ii, jj, seq_k, diag_off, causal_off, win_left, win_right, slope,
             scale, qk_scale, softcap_scale, softcap_c2,
             MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-            HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, BOUNDS: tl.constexpr = True, RTF=None):
-    """Raw q.k (fp32) -> final scores in log2 units, and tanh (for softcap grads; `_softcap_grad`).
+            HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, BOUNDS: tl.constexpr = True):
+    """Raw q.k (fp32) -> final scores in log2 units, and tanh (for softcap grads).
 
     `ii` (query index) and `jj` (key index) are 2-D broadcastable index tensors, so the same code
     serves the (M, N) orientation of the forward and dQ and the (N, M) one of dK/dV.
     """
-    if HAS_SOFTCAP and (RTF is None or _rt(RTF, RT_SOFTCAP)):  # `rtmask`: a branch per tile
+    if HAS_SOFTCAP:
         t = _tanh(qk * softcap_scale)  # softcap_scale = scale / c
         s = t * softcap_c2  # softcap_c2 = c * log2(e)
     else:
         t = qk
         s = qk * qk_scale  # qk_scale = scale * log2(e)
-    if HAS_ALIBI and (RTF is None or _rt(RTF, RT_ALIBI)):
+    if HAS_ALIBI:
         dist = tl.abs(ii + diag_off - jj).to(tl.float32)
         s = s - (slope * LOG2E) * dist
     if MASK:
         vis = _visible(ii, jj, seq_k, diag_off, causal_off, win_left, win_right, IS_CAUSAL, HAS_WINDOW, BOUNDS)
         s = tl.where(vis, s, float("-inf"))
     return s, t
-
-
-@triton.jit
-def _softcap_grad(ds, t, HAS_SOFTCAP: tl.constexpr, RTF=None):
-    """dS through the softcap: ds * (1 - tanh^2), `t` the tanh `_scores` returned (while softcap is on)."""
-    if HAS_SOFTCAP and (RTF is None or _rt(RTF, RT_SOFTCAP)):
-        ds = ds * (1.0 - t * t)
-    return ds
 
 
 @triton.jit
@@ -260,14 +251,11 @@ def _visible(ii, jj, seq_k, diag_off, causal_off, win_left, win_right,
 
 
 @triton.jit
-def _slope(SLOPES, b_idx, head, stride_az, stride_ah, HAS_ALIBI: tl.constexpr, RTF=None):
-    if HAS_ALIBI and RTF is None:
+def _slope(SLOPES, b_idx, head, stride_az, stride_ah, HAS_ALIBI: tl.constexpr):
+    if HAS_ALIBI:
         slope = tl.load(SLOPES + b_idx * stride_az + head * stride_ah).to(tl.float32)
     else:
         slope = (b_idx * 0).to(tl.float32)
-        if HAS_ALIBI:  # `rtmask`: SLOPES is a stand-in pointer while ALiBi is off
-            if _rt(RTF, RT_ALIBI):
-                slope = tl.load(SLOPES + b_idx * stride_az + head * stride_ah).to(tl.float32)
     return slope
 
 

@@ -28,7 +28,6 @@ from .common import (
     _scores,
     _segment,
     _slope,
-    _softcap_grad,
     nospec_twins,
 )
 
@@ -77,7 +76,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, LSE, DELTA, row_base, lo, hi,
                 diag_off, causal_off, win_left, win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
                 BLOCK_M: tl.constexpr, HEAD_DIM, HEAD_DIM_V, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
                 MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                HAS_ALIBI: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, RTF=None):
+                HAS_ALIBI: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         qtmask = offs_m[None, :] < seq_q
@@ -94,11 +93,13 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, LSE, DELTA, row_base, lo, hi,
         qkt = _dot(k, qt, UPCAST, IEEE)  # (N, M)
         st, tt = _scores(qkt, offs_m[None, :], offs_n[:, None], seq_k, diag_off, causal_off, win_left, win_right,
                          slope, scale, qk_scale, softcap_scale, softcap_c2,
-                         MASK, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, False, RTF)
+                         MASK, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, False)
         pt = tl.math.exp2(st - lse2[None, :])  # (N, M)
         dv += _dot(_lowp(pt, do.dtype, UPCAST), do, UPCAST, IEEE)
         dpt = _dot(v, tl.trans(do), UPCAST, IEEE)
-        dst = _softcap_grad(pt * (dpt - delta[None, :]), tt, HAS_SOFTCAP, RTF)
+        dst = pt * (dpt - delta[None, :])
+        if HAS_SOFTCAP:
+            dst = dst * (1.0 - tt * tt)
         dk += _dot(_lowp(dst, qt.dtype, UPCAST), tl.trans(qt), UPCAST, IEEE)
     return dk, dv
 
@@ -161,17 +162,17 @@ def _bwd_dkdv(
         do_base = _base(DO, b_idx, off_h, q_start, stride_doz, stride_doh, stride_dom)
         # LSE and DELTA are contiguous (B, H, total_q)
         row_base = (b_idx * H + off_h).to(tl.int64) * total_q + q_start
-        slope = _slope(SLOPES, b_idx, off_h, stride_az, stride_ah, HAS_ALIBI, RTF)
+        slope = _slope(SLOPES, b_idx, off_h, stride_az, stride_ah, HAS_ALIBI)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, LSE, DELTA, row_base, lo, full_lo,
                              stride_qm, stride_qk, stride_dom, stride_dok, offs_n, offs_d, offs_dv, seq_q, seq_k,
                              diag_off, causal_off, win_left, win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
                              BLOCK_M, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, True,
-                             IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE, RTF)
+                             IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, LSE, DELTA, row_base, full_lo, hi,
                              stride_qm, stride_qk, stride_dom, stride_dok, offs_n, offs_d, offs_dv, seq_q, seq_k,
                              diag_off, causal_off, win_left, win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
                              BLOCK_M, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, False,
-                             IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE, RTF)
+                             IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
     dk = dk * scale
     dk_ptrs = _base(DK, b_idx, off_hk, k_start, stride_dkz, stride_dkh, stride_dkn) \
         + offs_n[:, None].to(tl.int64) * stride_dkn + offs_d[None, :] * stride_dkk
@@ -187,7 +188,7 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, stride_kn, stride_
               scale, qk_scale, softcap_scale, softcap_c2, BLOCK_N: tl.constexpr, HEAD_DIM, HEAD_DIM_V,
               EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, MASK: tl.constexpr, IS_CAUSAL: tl.constexpr,
               HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-              UPCAST: tl.constexpr, IEEE: tl.constexpr, RTF=None):
+              UPCAST: tl.constexpr, IEEE: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         ktmask = offs_n[None, :] < seq_k
@@ -201,10 +202,12 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, stride_kn, stride_
         qk = _dot(q, kt, UPCAST, IEEE)
         s, t = _scores(qk, offs_m[:, None], offs_n[None, :], seq_k, diag_off, causal_off, win_left, win_right, slope,
                        scale, qk_scale, softcap_scale, softcap_c2,
-                       MASK, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, MASK, RTF)
+                       MASK, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, MASK)
         p = tl.math.exp2(s - lse2[:, None])
         dp = _dot(do, vt, UPCAST, IEEE)
-        ds = _softcap_grad(p * (dp - delta[:, None]), t, HAS_SOFTCAP, RTF)
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - t * t)
         dq += _dot(_lowp(ds, kt.dtype, UPCAST), tl.trans(kt), UPCAST, IEEE)
     return dq
 
@@ -264,18 +267,18 @@ def _bwd_dq(
     lse = tl.load(LSE + row_base + offs_m, mask=offs_m < seq_q, other=float("inf"))
     delta = tl.load(DELTA + row_base + offs_m, mask=offs_m < seq_q, other=0.0)
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    slope = _slope(SLOPES, b_idx, off_h, stride_az, stride_ah, HAS_ALIBI, RTF)
+    slope = _slope(SLOPES, b_idx, off_h, stride_az, stride_ah, HAS_ALIBI)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, full_hi, mask_lo, hi = _key_range(start_m * BLOCK_M, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
                                           BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW, RTF)
     dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, full_hi, stride_kn, stride_kk, stride_vn, stride_vk,
                    offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left, win_right, slope,
                    scale, qk_scale, softcap_scale, softcap_c2, BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, False,
-                   IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE, RTF)
+                   IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
     dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, mask_lo, hi, stride_kn, stride_kk, stride_vn, stride_vk,
                    offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left, win_right, slope,
                    scale, qk_scale, softcap_scale, softcap_c2, BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, True,
-                   IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE, RTF)
+                   IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
     dq = dq * scale
     dq_ptrs = _base(DQ, b_idx, off_h, q_start, stride_dqz, stride_dqh, stride_dqm) \
         + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :] * stride_dqk

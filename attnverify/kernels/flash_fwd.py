@@ -57,7 +57,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn
                BLOCK_N: tl.constexpr, HEAD_DIM, HEAD_DIM_V,
                EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, MASK: tl.constexpr,
                IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-               HAS_ALIBI: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, RTF=None):
+               HAS_ALIBI: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kt, v = _load_kv(k_base, v_base, offs_n, offs_d, offs_dv, stride_kn, stride_kk, stride_vn, stride_vk, seq_k,
@@ -65,7 +65,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn
         qk = _dot(q, kt, UPCAST, IEEE)
         s, _t = _scores(qk, offs_m[:, None], offs_n[None, :], seq_k, diag_off, causal_off, win_left, win_right, slope,
                         scale, qk_scale, softcap_scale, softcap_c2,
-                        MASK, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, RTF=RTF)
+                        MASK, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use, alpha = _rescale(m_i, m_new)
         p = tl.math.exp2(s - m_use[:, None])
@@ -130,7 +130,7 @@ def _attn_fwd(
     if not EVEN_D:
         q_mask = q_mask & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_ptrs, mask=q_mask, other=0.0)
-    slope = _slope(SLOPES, b_idx, off_h, stride_az, stride_ah, HAS_ALIBI, RTF)
+    slope = _slope(SLOPES, b_idx, off_h, stride_az, stride_ah, HAS_ALIBI)
     if HAS_DESCALE:  # S = (q qd)(k kd)^T scale: qd * kd joins the scale, the loop is unchanged
         qkd = tl.load(DESC + b_idx * (H // GROUP) + off_hk) * tl.load(DESC + desc_n + b_idx * (H // GROUP) + off_hk)
         qk_scale = qk_scale * qkd
@@ -147,25 +147,25 @@ def _attn_fwd(
                                      lo, full_hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left,
                                      win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
                                      BLOCK_N, BLOCK_D, BLOCK_DV, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, False,
-                                     IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE, FMA, LAZY, TMA, WS, RTF)
+                                     IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE, FMA, LAZY, TMA, WS)
         acc, l_i, m_i = _fwd_inner_v(acc, l_i, m_i, q, k_base, v_base, DESC_K, DESC_V, b_idx, off_hk, k_start,
                                      stride_kn, stride_kk, stride_vn, stride_vk,
                                      mask_lo, hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left,
                                      win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
                                      BLOCK_N, BLOCK_D, BLOCK_DV, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, True,
                                      IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE, FMA, LAZY, TMA,
-                                     False, RTF)
+                                     False)
     else:
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
                                    lo, full_hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left,
                                    win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
                                    BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, False,
-                                   IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE, RTF)
+                                   IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
                                    mask_lo, hi, offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off,
                                    win_left, win_right, slope, scale, qk_scale, softcap_scale, softcap_c2,
                                    BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, True,
-                                   IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE, RTF)
+                                   IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
 
     if HAS_SINKS and (RTF is None or _rt(RTF, RT_SINKS)):  # the sink joins the denominator: rescale to max(m, sink), add exp(sink)
         sink2 = tl.load(SINKS + off_h).to(tl.float32) * LOG2E
@@ -198,7 +198,8 @@ def _attn_fwd(
 NOSPEC = ("H", "GROUP", "seq_q_arg", "seq_k_arg", "win_left", "win_right", "stride_lz", "stride_lh", "stride_lm",
           "stride_az", "stride_ah")
 # Its variants (variants.py): `aligned`, the tile strides unspecialised too (ALIGNED: the host's word that they are
-# multiples of 16 bytes, for the vector loads); `rtmask`, the six mask flags at run time (RTF). TWINS[(aligned, rtmask)].
+# multiples of 16 bytes, for the vector loads); `rtmask`, causal, bottom-right, window and sinks at run time (RTF).
+# TWINS[(aligned, rtmask)].
 TILES = tuple(f"stride_{t}{d}" for t, dims in (("q", "zhmk"), ("k", "zhnk"), ("v", "zhnk"), ("o", "zhmk")) for d in dims)
 TWINS = nospec_twins(_attn_fwd.fn, NOSPEC, TILES)
 _attn_fwd_nospec = TWINS[(False, False)]

@@ -38,7 +38,7 @@ def _fwd_inner_v(acc, l_i, m_i, q, k_base, v_base, DESC_K, DESC_V, b_idx, off_hk
                  EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, MASK: tl.constexpr,
                  IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                  HAS_ALIBI: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-                 FMA: tl.constexpr, LAZY: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, RTF=None):
+                 FMA: tl.constexpr, LAZY: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if TMA:  # OOB rows (past Lk) and columns (past D) arrive as zeros
@@ -57,7 +57,7 @@ def _fwd_inner_v(acc, l_i, m_i, q, k_base, v_base, DESC_K, DESC_V, b_idx, off_hk
         else:
             qk, _t = _scores(qk, offs_m[:, None], offs_n[None, :], seq_k, diag_off, causal_off, win_left, win_right,
                              slope, scale, qk_scale, softcap_scale, softcap_c2,
-                             MASK, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, RTF=RTF)
+                             MASK, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI)
             m_blk = tl.max(qk, 1)
         m_new = tl.maximum(m_i, m_blk)
         if LAZY:

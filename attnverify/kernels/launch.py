@@ -52,8 +52,8 @@ class Config:
     # fewer compiles: kernels not specialised on lengths, head counts, windows (flash_fwd.NOSPEC), and the
     # strides of size-1 dims passed as 0 (any value addresses index 0 alike)
     nospec: bool = False
-    # variants of the nospec twins (fewer compiles again; variants.py): tile strides unspecialised (`aligned`), the six
-    # mask flags at run time (`rtmask`); each needs nospec
+    # variants of the nospec twins (fewer compiles again; variants.py): tile strides unspecialised (`aligned`), causal,
+    # bottom-right, window and sinks at run time (`rtmask`); each needs nospec
     aligned: bool = False
     rtmask: bool = False
 

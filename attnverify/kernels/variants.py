@@ -21,11 +21,14 @@ is refused, as is a Config that has one without `nospec`); each is off by defaul
   16-byte multiples that its divisibility-by-16 specialisation gave before, so the vector loads stay. Otherwise
   ALIGNED = 0: the strides as they are, no alignment known (scalar loads; odd layouts only). Not for fp8 inputs
   (FA3's V is column-major on a GPU, no unit last stride): they keep the `nospec` twin.
-- `rtmask`: the six mask flags (causal, bottom-right, window, softcap, ALiBi, sinks) are run-time bits (RTF,
-  common.RT_*) with all six compiled in: softcap, ALiBi and sinks a branch per tile (or per program), causal and
-  window as bounds that are neutral when off (a diagonal past every key, unbounded sides), and which blocks are
-  masked chosen at run time. Same blocks, same arithmetic: bit-identical outputs under the interpreter. LPT (a
-  program order) then applies whether or not the call is causal, so it does not split the kernels either.
+- `rtmask`: the mask flags causal, bottom-right, window and sinks are run-time bits (RTF, common.RT_*) with their
+  code compiled in: causal and window as bounds that are neutral when off (a diagonal past every key, unbounded
+  sides), which blocks are masked chosen at run time, the sink a branch in the forward's epilogue. Same blocks,
+  same arithmetic: bit-identical outputs under the interpreter. No branch in a key loop: softcap and ALiBi stay
+  compile-time, because a per-tile branch (scf.if) in a key loop fails Triton 3.6's software pipeliner (the H200's
+  Triton; 3.9 takes it) and the branch-free forms cost work on every tile (softcap's tanh, ALiBi's distances) for
+  about 30 of the dev profile's keys (BENCHMARKS.md). LPT (a program order) then applies whether or not the call is
+  causal, so it does not split the kernels either.
 """
 from __future__ import annotations
 
@@ -128,11 +131,11 @@ def tile_args(cfg, tensors, aligned_ok: bool = True) -> tuple:
 
 def rtmask_args(cfg, flags: dict) -> tuple:
     """-> (the kernel's flag keywords, {'RTF': bits}): `flags` as they are and {} unless `rtmask` applies; with it
-    the six mask flags in `flags` compiled in (True) and their values as RTF's bits (common.RT_*)."""
+    the run-time mask flags in `flags` compiled in (True) and their values as RTF's bits (common.RT_*)."""
     if not (cfg.nospec and cfg.rtmask):
         return flags, {}
     bits = {"IS_CAUSAL": common.RT_CAUSAL, "CAUSAL_BR": common.RT_BR, "HAS_WINDOW": common.RT_WINDOW,
-            "HAS_SOFTCAP": common.RT_SOFTCAP, "HAS_ALIBI": common.RT_ALIBI, "HAS_SINKS": common.RT_SINKS}
+            "HAS_SINKS": common.RT_SINKS}
     rtf = sum(1 << bits[n].value for n in bits if flags.get(n))
     return dict(flags, **{n: True for n in bits if n in flags}), {"RTF": rtf}
 
