@@ -167,7 +167,8 @@ def _attn_fwd(
                                    BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, True,
                                    IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
 
-    if HAS_SINKS and (RTF is None or _rt(RTF, RT_SINKS)):  # the sink joins the denominator: rescale to max(m, sink), add exp(sink)
+    # the sink joins the denominator: rescale to max(m, sink) and add exp(sink) (`rtmask`: if its run-time bit is on)
+    if HAS_SINKS and (RTF is None or _rt(RTF, RT_SINKS)):
         sink2 = tl.load(SINKS + off_h).to(tl.float32) * LOG2E
         m_f = tl.maximum(m_i, sink2)
         m_fs, alpha = _rescale(m_i, m_f)  # no key and a -inf sink: l stays 0
