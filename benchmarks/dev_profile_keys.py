@@ -18,7 +18,8 @@ feature flags; head-dim padding; block sizes). --json writes the keys; --compare
 --journal REPORT_DIR: a real run's journal (`attnverify run --adapter triton ... --report DIR`): the keys of the cases
 it drew against the pre-warm's, per property (what the pre-warm foresaw). The default configuration's kernels are
 counted (a GPU's default: the specialised kernels until the perf gate times the twins, launch.NOSPEC_ON_GPU);
-ATTNVERIFY_TRITON_VARIANT=nospec counts the nospec twins, `spec` the specialised ones.
+ATTNVERIFY_TRITON_VARIANT=nospec counts the nospec twins, `spec` the specialised ones, `aligned`, `rtmask` or
+`aligned,rtmask` the nospec twins' variants (kernels/variants.py).
 """
 from __future__ import annotations
 

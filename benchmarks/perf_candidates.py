@@ -39,18 +39,21 @@ DTYPES = ("float16", "bfloat16")
 SIZES = {"gpu": dict(dev="cuda", tokens=16384, hd=2048, seqlens=(8192, 16384), check_n=1040),
          "smoke": dict(dev="cpu", tokens=256, hd=128, seqlens=(128, 256), check_n=80)}
 SEQLENS = SIZES["gpu"]["seqlens"]
-# name -> (Config switches, Config tile fields). "default" is the Config as the adapter uses it (since 2026-12-05
-# nospec on a GPU); "spec" the specialised kernels of before (the A/B of that default).
+# name -> (Config switches, Config tile fields). "default" is the Config as the adapter uses it (the specialised
+# kernels while launch.NOSPEC_ON_GPU is off); "spec" the specialised kernels (the A/B once nospec is the default).
+# nospec+aligned, nospec+rtmask and both: the nospec twins' variants with fewer compiles (kernels/variants.py).
 FWD64 = {
     "default": "", "fma": "fma", "lazy": "lazy", "fma+lazy": "fma,lazy", "lpt": "lpt", "fma+lpt": "fma,lpt",
     "fma+lazy+lpt": "fma,lazy,lpt", "tma": "tma", "tma+fma": "tma,fma", "tma+fma+lazy": "tma,fma,lazy",
     "tma+fma+lpt": "tma,fma,lpt", "tma+fma+ws": "tma,fma,ws", "nospec": "nospec", "spec": "spec",
     "tma+fma s2": "tma,fma|num_stages=2", "tma+fma s4": "tma,fma|num_stages=4",
+    "nospec+aligned": "aligned", "nospec+rtmask": "rtmask", "nospec+aligned+rtmask": "aligned,rtmask",
 }
 DQ128 = "dq_block_m=128,dq_block_n=32,dq_warps=8,dq_stages=2"
 BWD256 = {
     "default": "", "lpt": "lpt", "fma+lpt": "fma,lpt", "tma+fma+lpt": "tma,fma,lpt",
     "lpt+dq128x32w8s2": "lpt|" + DQ128, "fma+lpt+dq128x32w8s2": "fma,lpt|" + DQ128, "nospec": "nospec", "spec": "spec",
+    "nospec+aligned": "aligned", "nospec+rtmask": "rtmask", "nospec+aligned+rtmask": "aligned,rtmask",
 }
 FWD_MIN, FWD_BWD_MIN = 1.30, 1.00
 

@@ -31,6 +31,13 @@ FWD = [
     ("bf16_d128_ws", "bfloat16", 128, {}, "ws"),
     ("bf16_d128_lpt_causal", "bfloat16", 128, {"causal": "bottom_right"}, "lpt"),
     ("bf16_d64_nospec", "bfloat16", 64, {}, "nospec"),
+    # the nospec twins' compile-count variants (kernels/variants.py): tile strides unspecialised, mask flags at run time
+    ("bf16_d64_aligned", "bfloat16", 64, {}, "aligned"),
+    ("fp16_d80_window_aligned", "float16", 80, {"window": (32, 0)}, "aligned"),
+    ("bf16_d128_softcap_alibi_rtmask", "bfloat16", 128, {"softcap": 30.0, "alibi": True}, "rtmask"),
+    ("fp16_d64_causal_rtmask", "float16", 64, {"causal": "bottom_right"}, "rtmask"),
+    ("bf16_d128_sinks_aligned_rtmask", "bfloat16", 128, {"sinks": True}, "aligned,rtmask"),
+    ("fp16_d256_causal_aligned_rtmask", "float16", 256, {"causal": "bottom_right"}, "aligned,rtmask"),
 ]
 
 # fp8 forward (kernels/fp8.py): V column-major as launch.forward makes it on a GPU (fp8.v_for_dot)
@@ -39,6 +46,8 @@ FP8 = [
     ("e4m3_d128_descale_causal", "float8_e4m3fn", 128, {"causal": "bottom_right", "descale": "qkv"}, ""),
     ("e4m3_d64_descale_k_gqa", "float8_e4m3fn", 64, {"descale": "k", "hkv": 2}, ""),
     ("e5m2_d256_descale_sinks", "float8_e5m2", 256, {"descale": "qkv", "sinks": True}, ""),
+    ("e4m3_d128_descale_causal_aligned_rtmask", "float8_e4m3fn", 128, {"causal": "bottom_right", "descale": "qkv"},
+     "aligned,rtmask"),  # aligned does not apply to fp8: the nospec twin's rtmask variant
 ]
 
 # backward (kernels/flash_bwd.py: _bwd_preprocess, _bwd_dkdv, _bwd_dq)
@@ -57,6 +66,13 @@ BWD = [
     ("bf16_d64_varlen_causal", "bfloat16", 64, {"varlen": True, "causal": "bottom_right"}, ""),
     ("bf16_d128_sinks", "bfloat16", 128, {"sinks": True}, ""),
     ("bf16_d64_nospec", "bfloat16", 64, {}, "nospec"),
+    ("bf16_d64_aligned", "bfloat16", 64, {}, "aligned"),
+    ("bf16_d128_causal_dlse_aligned", "bfloat16", 128, {"causal": "bottom_right", "dlse": True}, "aligned"),
+    ("bf16_d128_softcap_alibi_rtmask", "bfloat16", 128, {"softcap": 30.0, "alibi": True}, "rtmask"),
+    ("fp16_d80_window_rtmask", "float16", 80, {"window": (32, 0)}, "rtmask"),
+    ("fp16_d256_causal_aligned_rtmask", "float16", 256, {"causal": "bottom_right"}, "aligned,rtmask"),
+    ("bf16_d64_varlen_causal_aligned_rtmask", "bfloat16", 64, {"varlen": True, "causal": "bottom_right"},
+     "aligned,rtmask"),
 ]
 
 # split-KV decode (kernels/decode.py) and, where it splits, the LSE combine (kernels/combine.py), through

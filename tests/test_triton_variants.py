@@ -41,7 +41,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("names", ["fma", "lazy", "tma", "lpt", "ws", "nospec", "fma,lazy,tma,lpt"])
+@pytest.mark.parametrize("names", ["fma", "lazy", "tma", "lpt", "ws", "nospec", "fma,lazy,tma,lpt", "aligned,rtmask"])
 def test_each_candidate_matches_the_reference(monkeypatch, names):
     monkeypatch.setenv(variants.ENV, names)
     cfg = launch.default_config(32, torch.float16, DEV)

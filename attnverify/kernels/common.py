@@ -13,6 +13,13 @@
   the online softmax's factor for a new running max built on it: the forward's loops and sink, the decode
   kernel's loop and sink (`decode._decode_partial`) and the split-KV combine (`combine._combine`).
 - `_lowp`, `_dot`, `_tanh`: dtype conversion, dots, tanh that also run under the interpreter.
+- The `nospec` twins' variants (issue 25, fewer compiles; kernels/variants.py has the host side): `_aligned`, tile
+  strides that came unspecialised and divided by ALIGNED (the host's word that each is a multiple of 16 bytes), and
+  `RTF`, the causal, bottom-right, window and sinks flags at run time (bits RT_*): a kernel given RTF has their code
+  compiled in and `_rt` reads them. Not causal then reads as a diagonal past every key (`_segment`: causal_off =
+  NO_DIAG), no window as unbounded sides (the host's BIG): the masks' arithmetic is unchanged, no branch in a key
+  loop; only which blocks are masked (`_key_range`, `_query_range`) and the sink (the forward's epilogue) are chosen
+  at run time. Every helper's RTF defaults to None (constexpr): the default kernels compile as before.
 
 Nothing here touches a GPU at import.
 """
@@ -26,10 +33,30 @@ LN2_F = 0.6931471805599453
 LOG2E = tl.constexpr(LOG2E_F)  # globals read inside @triton.jit must be constexpr
 LN2 = tl.constexpr(LN2_F)
 BIG = 1 << 30  # "unbounded" window side
+NO_DIAG = tl.constexpr(BIG)  # `rtmask`, not causal: the causal diagonal past every key
+# bits of RTF (the `rtmask` twins' run-time mask flags); host side: variants.rtmask_args
+RT_CAUSAL = tl.constexpr(0)
+RT_BR = tl.constexpr(1)
+RT_WINDOW = tl.constexpr(2)
+RT_SINKS = tl.constexpr(3)
 
 
 @triton.jit
-def _segment(CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR: tl.constexpr, IS_VARLEN: tl.constexpr):
+def _rt(RTF, BIT: tl.constexpr):
+    """Whether run-time mask flag BIT (RT_*) is on in RTF."""
+    return ((RTF >> BIT) & 1) != 0
+
+
+@triton.jit
+def _aligned(stride_z, stride_h, stride_l, ALIGNED: tl.constexpr):
+    """A tile tensor's strides, given divided by ALIGNED elements (16 bytes; its last dim's stride is 1): multiplied
+    back by the constexpr, so Triton sees them as multiples of 16 bytes and the last dim as contiguous (the vector
+    loads that the specialisation on divisibility by 16 gave the nospec twins)."""
+    return stride_z * ALIGNED, stride_h * ALIGNED, stride_l * ALIGNED, 1
+
+
+@triton.jit
+def _segment(CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR: tl.constexpr, IS_VARLEN: tl.constexpr, RTF=None):
     """-> (b_idx, q_start, k_start, seq_q, seq_k, diag_off, causal_off) of batch or segment `off_z`."""
     zero = off_z * 0
     if IS_VARLEN:  # one packed batch: segment z is rows [cu[z], cu[z + 1])
@@ -49,6 +76,9 @@ def _segment(CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR: tl.constexpr, I
         causal_off = diag_off
     else:
         causal_off = zero
+    if RTF is not None:  # `rtmask`: bottom-right or top-left at run time; not causal, a diagonal past every key
+        causal_off = tl.where(_rt(RTF, RT_BR), diag_off, zero)
+        causal_off = tl.where(_rt(RTF, RT_CAUSAL), causal_off, zero + NO_DIAG)
     return b_idx, q_start, k_start, seq_q, seq_k, diag_off, causal_off
 
 
@@ -59,7 +89,8 @@ def _base(P, b_idx, head, start, stride_z, stride_h, stride_l):
 
 @triton.jit
 def _key_range(m_lo, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+               RTF=None):
     """Key blocks that query rows [m_lo, m_lo + BLOCK_M) see: -> (lo, full_hi, mask_lo, hi).
 
     Blocks [lo, full_hi) need no element mask (inside Lk and, causal, wholly under the diagonal);
@@ -76,18 +107,21 @@ def _key_range(m_lo, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
         lo = tl.maximum(lo, m_lo + diag_off - win_left)
         lo = (lo // BLOCK_N) * BLOCK_N
     hi = tl.maximum(hi, 0)
-    if HAS_WINDOW:
+    if HAS_WINDOW and RTF is None:
         full_hi = lo
     else:
         full_hi = tl.minimum((seq_k // BLOCK_N) * BLOCK_N, hi)
         if IS_CAUSAL:
             full_hi = tl.minimum(full_hi, (tl.maximum(m_lo + causal_off + 1, 0) // BLOCK_N) * BLOCK_N)
+        if HAS_WINDOW:  # `rtmask`: every block masked while a window is on
+            full_hi = tl.where(_rt(RTF, RT_WINDOW), lo, full_hi)
     return lo, full_hi, tl.maximum(full_hi, lo), hi
 
 
 @triton.jit
 def _query_range(n_lo, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                 RTF=None):
     """Query blocks that see keys [n_lo, n_lo + BLOCK_N): -> (lo, full_lo, hi).
 
     Blocks [lo, full_lo) are masked (they cross the causal diagonal, or a window is on); blocks
@@ -105,12 +139,16 @@ def _query_range(n_lo, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
     lo = tl.minimum(lo, seq_q)
     lo = (lo // BLOCK_M) * BLOCK_M
     hi = tl.maximum(hi, lo)
-    if HAS_WINDOW:
+    if HAS_WINDOW and RTF is None:
         full_lo = hi
-    elif IS_CAUSAL:
-        full_lo = tl.minimum(tl.maximum(((n_lo + BLOCK_N - 1 - causal_off + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, lo), hi)
     else:
-        full_lo = lo
+        if IS_CAUSAL:
+            full_lo = tl.minimum(tl.maximum(((n_lo + BLOCK_N - 1 - causal_off + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, lo),
+                                 hi)
+        else:
+            full_lo = lo
+        if HAS_WINDOW:  # `rtmask`: every block masked while a window is on
+            full_lo = tl.where(_rt(RTF, RT_WINDOW), hi, full_lo)
     return lo, full_lo, hi
 
 
@@ -265,3 +303,15 @@ def _rescale(m_i, m_new):
     against m_use (`_safe_max(m_new)`) and what was summed against m_i is multiplied by alpha."""
     m_use = _safe_max(m_new)
     return m_use, tl.math.exp2(m_i - m_use)
+
+
+def nospec_twins(fn, nospec: tuple, tiles: tuple) -> dict:
+    """{(aligned, rtmask): kernel}: the `nospec` twin of @triton.jit function `fn` (not specialised on the arguments
+    `nospec` names, nor on the head dims) and its variants: `aligned` leaves the tile strides `tiles` unspecialised too
+    (the kernel's ALIGNED says what the host knows of them), `rtmask` the run-time mask flags RTF. Host side only."""
+    params = fn.__code__.co_varnames[:fn.__code__.co_argcount]
+    base = [d for d in ("HEAD_DIM", "HEAD_DIM_V") if d in params] + list(nospec)
+    rtf = ["RTF"] if "RTF" in params else []  # the preprocess has no mask flags
+    return {(aligned, rtmask): triton.jit(do_not_specialize=base + (list(tiles) if aligned else [])
+                                          + (rtf if rtmask else []))(fn)
+            for aligned in (False, True) for rtmask in (False, True)}

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from .common import (
     LOG2E,
+    _aligned,
     _base,
     _dot,
     _key_range,
@@ -27,6 +28,7 @@ from .common import (
     _scores,
     _segment,
     _slope,
+    nospec_twins,
 )
 
 
@@ -41,7 +43,11 @@ def _bwd_preprocess(
     stride_dlz, stride_dlh, stride_dlm,
     H, seq_q,
     HEAD_DIM_V, BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+    ALIGNED: tl.constexpr = 0,
 ):
+    if ALIGNED:  # `aligned` twins (variants.tile_args): the tile strides came divided by ALIGNED
+        stride_oz, stride_oh, stride_om, stride_ok = _aligned(stride_oz, stride_oh, stride_om, ALIGNED)
+        stride_doz, stride_doh, stride_dom, stride_dok = _aligned(stride_doz, stride_doh, stride_dom, ALIGNED)
     start_m = tl.program_id(0)
     off_zh = tl.program_id(1)
     off_z = off_zh // H
@@ -115,14 +121,21 @@ def _bwd_dkdv(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, CAUSAL_BR: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, IS_VARLEN: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, ALIGNED: tl.constexpr = 0, RTF=None,
 ):
+    if ALIGNED:  # `aligned` twins (variants.tile_args): the tile strides came divided by ALIGNED
+        stride_qz, stride_qh, stride_qm, stride_qk = _aligned(stride_qz, stride_qh, stride_qm, ALIGNED)
+        stride_kz, stride_kh, stride_kn, stride_kk = _aligned(stride_kz, stride_kh, stride_kn, ALIGNED)
+        stride_vz, stride_vh, stride_vn, stride_vk = _aligned(stride_vz, stride_vh, stride_vn, ALIGNED)
+        stride_doz, stride_doh, stride_dom, stride_dok = _aligned(stride_doz, stride_doh, stride_dom, ALIGNED)
+        stride_dkz, stride_dkh, stride_dkn, stride_dkk = _aligned(stride_dkz, stride_dkh, stride_dkn, ALIGNED)
+        stride_dvz, stride_dvh, stride_dvn, stride_dvk = _aligned(stride_dvz, stride_dvh, stride_dvn, ALIGNED)
     start_n = tl.program_id(0)
     off_zh = tl.program_id(1)
     off_z = off_zh // HK
     off_hk = off_zh % HK
     b_idx, q_start, k_start, seq_q, seq_k, diag_off, causal_off = _segment(
-        CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR, IS_VARLEN)
+        CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR, IS_VARLEN, RTF)
     if start_n * BLOCK_N >= seq_k:
         return
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -141,7 +154,7 @@ def _bwd_dkdv(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     lo, full_lo, hi = _query_range(start_n * BLOCK_N, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
-                                   BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW)
+                                   BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW, RTF)
 
     for g in range(GROUP):
         off_h = off_hk * GROUP + g
@@ -215,8 +228,14 @@ def _bwd_dq(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, CAUSAL_BR: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, IS_VARLEN: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr, LPT: tl.constexpr = False,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, LPT: tl.constexpr = False, ALIGNED: tl.constexpr = 0, RTF=None,
 ):
+    if ALIGNED:  # `aligned` twins (variants.tile_args): the tile strides came divided by ALIGNED
+        stride_qz, stride_qh, stride_qm, stride_qk = _aligned(stride_qz, stride_qh, stride_qm, ALIGNED)
+        stride_kz, stride_kh, stride_kn, stride_kk = _aligned(stride_kz, stride_kh, stride_kn, ALIGNED)
+        stride_vz, stride_vh, stride_vn, stride_vk = _aligned(stride_vz, stride_vh, stride_vn, ALIGNED)
+        stride_doz, stride_doh, stride_dom, stride_dok = _aligned(stride_doz, stride_doh, stride_dom, ALIGNED)
+        stride_dqz, stride_dqh, stride_dqm, stride_dqk = _aligned(stride_dqz, stride_dqh, stride_dqm, ALIGNED)
     if LPT:  # longest (causal) query blocks first: no tail of long programs at the end of the launch
         start_m = tl.num_programs(0) - 1 - tl.program_id(0)
     else:
@@ -226,7 +245,7 @@ def _bwd_dq(
     off_h = off_zh % H
     off_hk = off_h // GROUP
     b_idx, q_start, k_start, seq_q, seq_k, diag_off, causal_off = _segment(
-        CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR, IS_VARLEN)
+        CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR, IS_VARLEN, RTF)
     if start_m * BLOCK_M >= seq_q:
         return
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -251,7 +270,7 @@ def _bwd_dq(
     slope = _slope(SLOPES, b_idx, off_h, stride_az, stride_ah, HAS_ALIBI)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, full_hi, mask_lo, hi = _key_range(start_m * BLOCK_M, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
-                                          BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW)
+                                          BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW, RTF)
     dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, full_hi, stride_kn, stride_kk, stride_vn, stride_vk,
                    offs_m, offs_d, offs_dv, seq_k, diag_off, causal_off, win_left, win_right, slope,
                    scale, qk_scale, softcap_scale, softcap_c2, BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, False,
@@ -271,6 +290,15 @@ PRE_NOSPEC = ("H", "seq_q", "stride_dlz", "stride_dlh", "stride_dlm")
 DKDV_NOSPEC = ("H", "HK", "GROUP", "seq_q_arg", "seq_k_arg", "total_q", "win_left", "win_right", "stride_az",
                "stride_ah")
 DQ_NOSPEC = ("H", "GROUP", "seq_q_arg", "seq_k_arg", "total_q", "win_left", "win_right", "stride_az", "stride_ah")
-_bwd_preprocess_nospec = triton.jit(do_not_specialize=["HEAD_DIM_V", *PRE_NOSPEC])(_bwd_preprocess.fn)
-_bwd_dkdv_nospec = triton.jit(do_not_specialize=["HEAD_DIM", "HEAD_DIM_V", *DKDV_NOSPEC])(_bwd_dkdv.fn)
-_bwd_dq_nospec = triton.jit(do_not_specialize=["HEAD_DIM", "HEAD_DIM_V", *DQ_NOSPEC])(_bwd_dq.fn)
+# their `aligned` and `rtmask` variants (flash_fwd.TWINS says what they are): *_TWINS[(aligned, rtmask)]; the
+# preprocess has no mask flags (its rtmask twins are its plain ones)
+def _tiles(spec: str) -> tuple:
+    return tuple(f"stride_{t}{d}" for t, dims in (x.split(":") for x in spec.split()) for d in dims)
+
+
+PRE_TWINS = nospec_twins(_bwd_preprocess.fn, PRE_NOSPEC, _tiles("o:zhmk do:zhmk"))
+DKDV_TWINS = nospec_twins(_bwd_dkdv.fn, DKDV_NOSPEC, _tiles("q:zhmk k:zhnk v:zhnk do:zhmk dk:zhnk dv:zhnk"))
+DQ_TWINS = nospec_twins(_bwd_dq.fn, DQ_NOSPEC, _tiles("q:zhmk k:zhnk v:zhnk do:zhmk dq:zhmk"))
+_bwd_preprocess_nospec = PRE_TWINS[(False, False)]
+_bwd_dkdv_nospec = DKDV_TWINS[(False, False)]
+_bwd_dq_nospec = DQ_TWINS[(False, False)]

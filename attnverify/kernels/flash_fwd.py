@@ -30,7 +30,23 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import LN2, LOG2E, _base, _dot, _key_range, _load_kv, _lowp, _rescale, _scores, _segment, _slope
+from .common import (
+    LN2,
+    LOG2E,
+    _aligned,
+    _base,
+    _dot,
+    _key_range,
+    _load_kv,
+    _lowp,
+    _rescale,
+    _rt,
+    _scores,
+    _segment,
+    _slope,
+    nospec_twins,
+    RT_SINKS,
+)
 from .flash_fwd_variants import _fwd_inner_v
 
 
@@ -81,7 +97,13 @@ def _attn_fwd(
     DESC_K=None, DESC_V=None, FMA: tl.constexpr = False, LAZY: tl.constexpr = False, TMA: tl.constexpr = False,
     WS: tl.constexpr = False, LPT: tl.constexpr = False,
     DESC=None, desc_n=0, HAS_DESCALE: tl.constexpr = False,
+    ALIGNED: tl.constexpr = 0, RTF=None,
 ):
+    if ALIGNED:  # `aligned` twins (variants.tile_args): the tile strides came divided by ALIGNED
+        stride_qz, stride_qh, stride_qm, stride_qk = _aligned(stride_qz, stride_qh, stride_qm, ALIGNED)
+        stride_kz, stride_kh, stride_kn, stride_kk = _aligned(stride_kz, stride_kh, stride_kn, ALIGNED)
+        stride_vz, stride_vh, stride_vn, stride_vk = _aligned(stride_vz, stride_vh, stride_vn, ALIGNED)
+        stride_oz, stride_oh, stride_om, stride_ok = _aligned(stride_oz, stride_oh, stride_om, ALIGNED)
     # speed candidates (flash_fwd_variants; all off by default): LPT runs the query blocks in reverse, so a
     # causal launch starts its longest programs first and ends on short ones (no long tail)
     if LPT:
@@ -93,7 +115,7 @@ def _attn_fwd(
     off_h = off_zh % H
     off_hk = off_h // GROUP
     b_idx, q_start, k_start, seq_q, seq_k, diag_off, causal_off = _segment(
-        CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR, IS_VARLEN)
+        CU_Q, CU_K, off_z, seq_q_arg, seq_k_arg, CAUSAL_BR, IS_VARLEN, RTF)
     if start_m * BLOCK_M >= seq_q:
         return
 
@@ -118,7 +140,7 @@ def _attn_fwd(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     lo, full_hi, mask_lo, hi = _key_range(start_m * BLOCK_M, seq_q, seq_k, diag_off, causal_off, win_left, win_right,
-                                          BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW)
+                                          BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW, RTF)
     if FMA or LAZY or TMA or WS:
         acc, l_i, m_i = _fwd_inner_v(acc, l_i, m_i, q, k_base, v_base, DESC_K, DESC_V, b_idx, off_hk, k_start,
                                      stride_kn, stride_kk, stride_vn, stride_vk,
@@ -145,7 +167,8 @@ def _attn_fwd(
                                    BLOCK_N, HEAD_DIM, HEAD_DIM_V, EVEN_D, EVEN_DV, True,
                                    IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, UPCAST, IEEE)
 
-    if HAS_SINKS:  # the sink joins the denominator: rescale to max(m, sink) and add exp(sink)
+    # the sink joins the denominator: rescale to max(m, sink) and add exp(sink) (`rtmask`: if its run-time bit is on)
+    if HAS_SINKS and (RTF is None or _rt(RTF, RT_SINKS)):
         sink2 = tl.load(SINKS + off_h).to(tl.float32) * LOG2E
         m_f = tl.maximum(m_i, sink2)
         m_fs, alpha = _rescale(m_i, m_f)  # no key and a -inf sink: l stays 0
@@ -175,4 +198,9 @@ def _attn_fwd(
 # A twin of the kernel, selected by Config.nospec, so that a GPU run can time it against the default.
 NOSPEC = ("H", "GROUP", "seq_q_arg", "seq_k_arg", "win_left", "win_right", "stride_lz", "stride_lh", "stride_lm",
           "stride_az", "stride_ah")
-_attn_fwd_nospec = triton.jit(do_not_specialize=["HEAD_DIM", "HEAD_DIM_V", *NOSPEC])(_attn_fwd.fn)
+# Its variants (variants.py): `aligned`, the tile strides unspecialised too (ALIGNED: the host's word that they are
+# multiples of 16 bytes, for the vector loads); `rtmask`, causal, bottom-right, window and sinks at run time (RTF).
+# TWINS[(aligned, rtmask)].
+TILES = tuple(f"stride_{t}{d}" for t, dims in (("q", "zhmk"), ("k", "zhnk"), ("v", "zhnk"), ("o", "zhmk")) for d in dims)
+TWINS = nospec_twins(_attn_fwd.fn, NOSPEC, TILES)
+_attn_fwd_nospec = TWINS[(False, False)]

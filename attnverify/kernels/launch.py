@@ -52,6 +52,13 @@ class Config:
     # fewer compiles: kernels not specialised on lengths, head counts, windows (flash_fwd.NOSPEC), and the
     # strides of size-1 dims passed as 0 (any value addresses index 0 alike)
     nospec: bool = False
+    # variants of the nospec twins (fewer compiles again; variants.py): tile strides unspecialised (`aligned`), causal,
+    # bottom-right, window and sinks at run time (`rtmask`); each needs nospec
+    aligned: bool = False
+    rtmask: bool = False
+
+    def __post_init__(self):
+        variants.check(self)
 
     def dq(self) -> tuple:
         """(BLOCK_M, BLOCK_N, warps, stages) of the dQ kernel."""
@@ -248,16 +255,19 @@ def forward(q, k, v, spec, *, block_m: Optional[int] = None, block_n: Optional[i
     grid = (triton.cdiv(p.max_q, bm), p.n_batch * p.hq)
     dims = _head_dims(p, fp8_launch.min_tile(q.dtype))
     st = variants.strides if cfg.nospec else _strides
-    (flash_fwd._attn_fwd_nospec if cfg.nospec else flash_fwd._attn_fwd)[grid](
+    not_fp8 = not fp8_launch.is_fp8(q.dtype)
+    tiles, aligned = variants.tile_args(cfg, (q, k, v, out), aligned_ok=not_fp8)
+    flags, rtf = variants.rtmask_args(cfg, dict(p.flags, HAS_SINKS=p.sinks is not None))
+    variants.kernel(cfg, flash_fwd._attn_fwd, flash_fwd._attn_fwd_nospec, flash_fwd.TWINS, aligned_ok=not_fp8)[grid](
         q, k, v, out, lse, p.slopes if p.slopes is not None else lse,
         p.cu_q if p.cu_q is not None else lse, p.cu_k if p.cu_k is not None else lse,
         p.sinks if p.sinks is not None else lse,
-        *st(q), *st(k), *st(v), *st(out), *st(lse),
+        *tiles, *st(lse),
         p.stride_az, p.stride_ah,
         p.hq, p.hq // p.hkv, p.lq, p.lk,
         p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
-        **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns, **p.flags,
-        HAS_SINKS=p.sinks is not None, **variants.fwd_switches(cfg, p, k, v, bn, dims, interpreting()), **extra,
+        **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns, **flags,
+        **variants.fwd_switches(cfg, p, k, v, bn, dims, interpreting()), **extra, **aligned, **rtf,
     )
     return out, lse, p
 
@@ -299,32 +309,40 @@ def backward(q, k, v, out, lse, d_out, d_lse, spec, *, block_m: Optional[int] = 
     dl = d_lse if d_lse is not None else delta
     st = variants.strides if cfg.nospec else _strides
     dl_strides = st(d_lse) if d_lse is not None else (0, 0, 0)
-    (flash_bwd._bwd_preprocess_nospec if cfg.nospec else flash_bwd._bwd_preprocess)[(triton.cdiv(p.lq, pre_m), p.b * p.hq)](
-        out, d_out, dl, delta, *st(out), *st(d_out), *dl_strides, p.hq, p.lq,
+    tiles, aligned = variants.tile_args(cfg, (out, d_out))
+    variants.kernel(cfg, flash_bwd._bwd_preprocess, flash_bwd._bwd_preprocess_nospec, flash_bwd.PRE_TWINS,
+                    rtmask_ok=False)[(triton.cdiv(p.lq, pre_m), p.b * p.hq)](
+        out, d_out, dl, delta, *tiles, *dl_strides, p.hq, p.lq,
         HEAD_DIM_V=p.dv, BLOCK_DV=dims["BLOCK_DV"], EVEN_DV=dims["EVEN_DV"], BLOCK_M=pre_m, HAS_DLSE=d_lse is not None,
+        **aligned,
     )
     slopes = p.slopes if p.slopes is not None else delta
     cu_q = p.cu_q if p.cu_q is not None else delta
     cu_k = p.cu_k if p.cu_k is not None else delta
-    common = dict(**dims, **p.flags)
+    flags, rtf = variants.rtmask_args(cfg, p.flags)
+    common = dict(**dims, **flags, **rtf)
     bn = cfg.bwd_block_n
-    (flash_bwd._bwd_dkdv_nospec if cfg.nospec else flash_bwd._bwd_dkdv)[(triton.cdiv(p.max_k, bn), p.n_batch * p.hkv)](
+    tiles, aligned = variants.tile_args(cfg, (q, k, v, d_out, dk, dv))
+    variants.kernel(cfg, flash_bwd._bwd_dkdv, flash_bwd._bwd_dkdv_nospec, flash_bwd.DKDV_TWINS)[
+            (triton.cdiv(p.max_k, bn), p.n_batch * p.hkv)](
         q, k, v, d_out, lse, delta, dk, dv, slopes, cu_q, cu_k,
-        *st(q), *st(k), *st(v), *st(d_out), *st(dk), *st(dv),
+        *tiles,
         p.stride_az, p.stride_ah,
         p.hq, p.hkv, p.hq // p.hkv, p.lq, p.lk, p.lq,
         p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
-        BLOCK_M=cfg.bwd_block_m, BLOCK_N=bn, num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages, **common,
+        BLOCK_M=cfg.bwd_block_m, BLOCK_N=bn, num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages, **common, **aligned,
     )
     # dQ: queries outer (a program per BLOCK_M of them), keys inner
     qm, qn, qw, qs = cfg.dq()
-    (flash_bwd._bwd_dq_nospec if cfg.nospec else flash_bwd._bwd_dq)[(triton.cdiv(p.max_q, qm), p.n_batch * p.hq)](
+    tiles, aligned = variants.tile_args(cfg, (q, k, v, d_out, dq))
+    variants.kernel(cfg, flash_bwd._bwd_dq, flash_bwd._bwd_dq_nospec, flash_bwd.DQ_TWINS)[
+            (triton.cdiv(p.max_q, qm), p.n_batch * p.hq)](
         q, k, v, d_out, lse, delta, dq, slopes, cu_q, cu_k,
-        *st(q), *st(k), *st(v), *st(d_out), *st(dq),
+        *tiles,
         p.stride_az, p.stride_ah,
         p.hq, p.hq // p.hkv, p.lq, p.lk, p.lq,
         p.scale, p.qk_scale, p.softcap_scale, p.softcap_c2, p.win_left, p.win_right,
-        BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common, LPT=bool(cfg.lpt and p.flags["IS_CAUSAL"]),
+        BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common, LPT=variants.lpt(cfg, p.flags), **aligned,
     )
     if d_sinks is not None:
         d_sinks.copy_(_sink_grad(p, lse, delta))

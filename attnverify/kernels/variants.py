@@ -11,15 +11,37 @@ positive scale and no softcap or ALiBi; TMA needs dense (not varlen) K and V who
 (and sm90+ on a GPU); LPT matters only for causal launches. `nospec` (fewer compiles, not speed) runs the
 kernels' twins that are not specialised on lengths and head counts (flash_fwd.NOSPEC); `spec` switches it off where
 launch.NOSPEC_ON_GPU makes it a GPU's default (off until the perf gate has timed it).
+
+Two further compile-count switches are variants of the `nospec` twins, so each implies `nospec` (`spec` with either
+is refused, as is a Config that has one without `nospec`); each is off by default until the perf gate times it:
+- `aligned`: the tile strides (Q, K, V, O, dO, dQ, dK, dV: batch, head, row, head-dim) are not specialised either.
+  The host checks that every tile tensor of a launch has a unit last stride and its other strides (size-1 dims as 0)
+  multiples of 16 bytes and below 2**31, and then passes them divided by ALIGNED = 16 bytes in elements (8 for 16-bit
+  types, 4 for float32), which the kernel multiplies back by the constexpr (`common._aligned`): Triton sees the
+  16-byte multiples that its divisibility-by-16 specialisation gave before, so the vector loads stay. Otherwise
+  ALIGNED = 0: the strides as they are, no alignment known (scalar loads; odd layouts only). Not for fp8 inputs
+  (FA3's V is column-major on a GPU, no unit last stride): they keep the `nospec` twin.
+- `rtmask`: the mask flags causal, bottom-right, window and sinks are run-time bits (RTF, common.RT_*) with their
+  code compiled in: causal and window as bounds that are neutral when off (a diagonal past every key, unbounded
+  sides), which blocks are masked chosen at run time, the sink a branch in the forward's epilogue. Same blocks,
+  same arithmetic: bit-identical outputs under the interpreter. No branch in a key loop: softcap and ALiBi stay
+  compile-time, because a per-tile branch (scf.if) in a key loop fails Triton 3.6's software pipeliner (the H200's
+  Triton; 3.9 takes it) and the branch-free forms cost work on every tile (softcap's tanh, ALiBi's distances) for
+  about 30 of the dev profile's keys (BENCHMARKS.md). LPT (a program order) then applies whether or not the call is
+  causal, so it does not split the kernels either.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import replace
 
+from . import common
+
 ENV = "ATTNVERIFY_TRITON_VARIANT"
 # name -> Config field
-VARIANTS = {"fma": "fwd_fma", "lazy": "fwd_lazy", "tma": "fwd_tma", "ws": "fwd_ws", "lpt": "lpt", "nospec": "nospec"}
+VARIANTS = {"fma": "fwd_fma", "lazy": "fwd_lazy", "tma": "fwd_tma", "ws": "fwd_ws", "lpt": "lpt", "nospec": "nospec",
+            "aligned": "aligned", "rtmask": "rtmask"}
+OF_NOSPEC = ("aligned", "rtmask")  # variants of the nospec twins: they imply nospec
 
 
 def parse(text: str) -> dict:
@@ -36,7 +58,20 @@ def parse(text: str) -> dict:
             raise ValueError(f"{ENV}: unknown variant {name!r}; use a comma list of {', '.join(VARIANTS)} "
                              f"(or 'none'; 'spec' for the specialised kernels)")
         out[VARIANTS[name]] = True
+    of_nospec = [n for n in OF_NOSPEC if out.get(n)]
+    if of_nospec and out.get("nospec") is False:
+        raise ValueError(f"{ENV}: {', '.join(of_nospec)} run the nospec twins, which 'spec' switches off; drop one")
+    if of_nospec:
+        out["nospec"] = True
     return out
+
+
+def check(cfg) -> None:
+    """Refuse a Config with `aligned` or `rtmask` but not `nospec` (they are variants of the nospec twins)."""
+    bad = [n for n in OF_NOSPEC if getattr(cfg, n)]
+    if bad and not cfg.nospec:
+        raise ValueError(f"triton attention: Config {'/'.join(bad)}=True needs nospec=True (variants of the nospec "
+                         f"twins; ATTNVERIFY_TRITON_VARIANT={bad[0]} sets both)")
 
 
 def from_env(cfg):
@@ -47,8 +82,11 @@ def from_env(cfg):
 
 
 def names(cfg) -> str:
-    """The candidates a Config has on, as the comma list ATTNVERIFY_TRITON_VARIANT takes ('none' if none)."""
+    """The candidates a Config has on, as the comma list ATTNVERIFY_TRITON_VARIANT takes ('none' if none; nospec is
+    left out where aligned or rtmask, which imply it, are on)."""
     on = [n for n, f in VARIANTS.items() if getattr(cfg, f)]
+    if any(n in on for n in OF_NOSPEC):
+        on.remove("nospec")
     return ",".join(on) or "none"
 
 
@@ -57,6 +95,55 @@ def strides(t) -> tuple:
     kernels see one value class (divisible by 16) instead of whatever the layout gave (Config.nospec)."""
     last = t.dim() - 1
     return tuple(0 if n == 1 and i < last else s for i, (s, n) in enumerate(zip(t.stride(), t.shape)))
+
+
+def kernel(cfg, plain, nospec, twins, aligned_ok: bool = True, rtmask_ok: bool = True):
+    """The kernel a launch runs: `plain` (specialised), its `nospec` twin, or twins[(aligned, rtmask)] (common.
+    nospec_twins) where those apply (`aligned_ok`: not fp8; `rtmask_ok`: the kernel has mask flags)."""
+    if not cfg.nospec:
+        return plain
+    a, r = bool(cfg.aligned and aligned_ok), bool(cfg.rtmask and rtmask_ok)
+    return twins[(a, r)] if a or r else nospec
+
+
+def align(tensors, tile_strides) -> int:
+    """ALIGNED for a launch's tile tensors: 16 bytes in elements if they share one element size, each has a unit last
+    stride and its other strides (as passed) are multiples of that below 2**31 (divided, they keep Triton's int
+    type); else 0."""
+    sizes = {t.element_size() for t in tensors}
+    if len(sizes) != 1:
+        return 0
+    a = max(1, 16 // sizes.pop())
+    ok = all(st[-1] == 1 and all(x % a == 0 and 0 <= x < 2 ** 31 for x in st[:-1]) for st in tile_strides)
+    return a if ok else 0
+
+
+def tile_args(cfg, tensors, aligned_ok: bool = True) -> tuple:
+    """-> (the tile tensors' strides in argument order, the kernel's ALIGNED keyword ({} unless `aligned` applies))."""
+    sts = [strides(t) if cfg.nospec else tuple(t.stride()) for t in tensors]
+    if not (cfg.nospec and cfg.aligned and aligned_ok):
+        return [x for st in sts for x in st], {}
+    a = align(tensors, sts)
+    if not a:
+        return [x for st in sts for x in st], {"ALIGNED": 0}
+    return [x for st in sts for x in (*(y // a for y in st[:-1]), st[-1])], {"ALIGNED": a}
+
+
+def rtmask_args(cfg, flags: dict) -> tuple:
+    """-> (the kernel's flag keywords, {'RTF': bits}): `flags` as they are and {} unless `rtmask` applies; with it
+    the run-time mask flags in `flags` compiled in (True) and their values as RTF's bits (common.RT_*)."""
+    if not (cfg.nospec and cfg.rtmask):
+        return flags, {}
+    bits = {"IS_CAUSAL": common.RT_CAUSAL, "CAUSAL_BR": common.RT_BR, "HAS_WINDOW": common.RT_WINDOW,
+            "HAS_SINKS": common.RT_SINKS}
+    rtf = sum(1 << bits[n].value for n in bits if flags.get(n))
+    return dict(flags, **{n: True for n in bits if n in flags}), {"RTF": rtf}
+
+
+def lpt(cfg, flags: dict) -> bool:
+    """LPT (longest query blocks first) for a causal launch; under `rtmask` for any (a program order: it would
+    otherwise split the kernels on causality again)."""
+    return bool(cfg.lpt and (flags["IS_CAUSAL"] or (cfg.nospec and cfg.rtmask)))
 
 
 def _tma_ok(t, interpreting: bool) -> bool:
@@ -94,4 +181,4 @@ def fwd_switches(cfg, p, k, v, block_n: int, dims: dict, interpreting: bool) -> 
         descs = tma_descriptors(k, v, block_n, dims["BLOCK_D"], dims["BLOCK_DV"], interpreting)
     return dict(DESC_K=descs[0] if descs else None, DESC_V=descs[1] if descs else None,
                 FMA=bool(fma), LAZY=bool(cfg.fwd_lazy), TMA=descs is not None, WS=bool(cfg.fwd_ws),
-                LPT=bool(cfg.lpt and flags["IS_CAUSAL"]))
+                LPT=lpt(cfg, flags))
