@@ -6,7 +6,6 @@ what `attnverify repro` replays). Cases made from raw tensors save them to a .pt
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -18,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from .case_masks import recipe_mask
+from .torch_threads import one_thread
 from .sink_logits import make_sinks
 from .spec import Spec
 
@@ -443,28 +443,11 @@ def build_probe(r: CaseRecipe, *, label: str = "", values: bool = True) -> Case:
     build_case: both draw on the CPU generator. `values=False` (the strategies' claim filter): same
     shapes, dtypes, strides, layouts, mask shapes and spec, but q, k and v are not drawn (build_case)."""
     cpu = dataclasses.replace(r, device="cpu")
-    with _one_thread():
+    with one_thread():  # see torch_threads: the driving process stays off OpenMP's pool
         case = build_case(cpu, label=label, values=values)
     case.recipe = r
     case.stands_for = r.device
     return case
-
-
-@contextlib.contextmanager
-def _one_thread():
-    """torch on one intra-op thread for the block. A probe is built in the process that drives the examples and
-    forks the judges: a parallel op there starts GNU OpenMP's thread pool, which is not fork-safe (a forked
-    child entering a parallel region can hang) and whose threads spin after each op (issue 25: a dev draw's
-    probe on a loaded 2-core machine cost up to 2 ms of waiting on the pool for a memset of 90,000 elements)."""
-    n = torch.get_num_threads()
-    if n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def _cumsum(xs):
