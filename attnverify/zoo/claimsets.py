@@ -117,6 +117,9 @@ def claim_sets(draw, *, wide: bool = False):
     desc["dtypes"] = desc["dtypes"] + fp8
     desc["descales"] = bool(fp8) and draw(st.booleans())
     desc["cache_leftpad"] = cache != "none" and draw(st.booleans())
+    # latent_kv needs the MLA head dims (576/512, 192/128), which these claim sets do not draw: it is exercised by
+    # tests/test_stranger_mla_chunk.py (a FlashMLA-like decode kernel) instead
+    desc["latent_kv"] = False
     if draw(st.booleans()):
         prop = draw(st.sampled_from(KNOWN_PROPS))
         desc["known"] = {"property": prop, "match": draw(st.sampled_from(MATCHES))}
