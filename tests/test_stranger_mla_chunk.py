@@ -191,3 +191,14 @@ def test_the_tile_signature_prints_no_mkl_error_on_poisoned_rows(capfd):
     diagnose(c, {"out": obs.float()}, failing=["out"], tiles=(16, 16))
     captured = capfd.readouterr()
     assert "MKL" not in captured.out + captured.err
+
+
+def test_the_cookbooks_sink_recipe_propagates_nan_and_inf(monkeypatch):
+    """Found writing the stand-in kernels here the way recipe 7 computes: docs/cookbook/sink_fp8.py (shown verbatim in
+    docs/adapters.md) took a row max of +Inf for 'no visible key' (isfinite) and a NaN denominator for an empty row
+    (denom > 0), so a copy of it failed nonfinite_inputs_propagate at example #1 (10 rows returned finite)."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "docs", "cookbook"))
+    import sink_fp8
+
+    run = _run("nonfinite_inputs_propagate", sink_fp8.sink_fp8, max_examples=10)
+    assert run.statuses.get("passed", 0) >= 5, run.statuses
