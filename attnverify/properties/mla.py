@@ -95,20 +95,30 @@ class MlaLatentViews(Property):
                  "dtype": dt,
                  "causal": c.causal[-1], "seed": 0}]
 
-    def run_example(self, adapter, drawn) -> ExampleResult:
-        t0 = time.perf_counter()
+    def rebuild_case(self, drawn, device: str) -> Case:
+        """The example's case again (q, and K and V views of one latent): what its evidence re-runs and diagnoses
+        (no CaseRecipe describes V as a view of K, so the case carries {"rebuild": ...} instead)."""
         d, dv = drawn["dims"]
         gen = torch.Generator().manual_seed(int(drawn["seed"]))
         dtype = DTYPES[drawn["dtype"]]
+        b, hq, lq = drawn.get("batch", 1), drawn["heads_q"], drawn.get("rows", drawn["len_q"])
+        q = torch.randn(b, hq, lq, d, generator=gen).to(device, dtype)
+        latent = torch.randn(b, 1, drawn["len_k"], d, generator=gen).to(device, dtype)
+        spec = Spec(causal=drawn["causal"], return_lse=bool(drawn.get("lse", False)))
+        return Case(q, latent, latent[..., :dv], spec, seed=int(drawn["seed"]), label=self.name)
+
+    def run_example(self, adapter, drawn) -> ExampleResult:
+        t0 = time.perf_counter()
+        dv = drawn["dims"][1]
         dev = "cpu" if "cpu" in adapter.claims.devices else "cuda"
-        b, hq, lq = drawn.get("batch", 1), drawn["heads_q"], drawn["len_q"]
+        lq = drawn["len_q"]
         if drawn["causal"] != "none" and adapter.claims.fully_masked != "zeros":
             lq = min(lq, drawn["len_k"])  # no row without a visible key: the reference's 0 / -inf is not claimed
-        q = torch.randn(b, hq, lq, d, generator=gen).to(dev, dtype)
-        latent = torch.randn(b, 1, drawn["len_k"], d, generator=gen).to(dev, dtype)
-        spec = Spec(causal=drawn["causal"], return_lse=adapter.claims.lse)
-        d_out = torch.randn(b, hq, lq, dv, generator=gen).to(dev)
-        case = Case(q, latent, latent[..., :dv], spec, seed=int(drawn["seed"]), label=self.name)
+        full = {**drawn, "rows": lq, "lse": adapter.claims.lse}
+        case = self.rebuild_case(full, dev)
+        spec = case.spec
+        gen = torch.Generator().manual_seed(int(drawn["seed"]) + 1)
+        d_out = torch.randn(*case.q.shape[:3], dv, generator=gen).to(dev)
 
         def pairs(a, c):
             grad = a.claims.backward and adapter.claims.backward
@@ -127,6 +137,7 @@ class MlaLatentViews(Property):
         except Exception as e:
             res = ExampleResult(False, f"{self.name}: the property raised {type(e).__name__}: {e}", severity=1e30,
                                 status="error", case=case.to_dict())
+        res.case = {**(res.case or case.to_dict()), "rebuild": {"property": self.name, "drawn": full, "device": dev}}
         res.seconds = time.perf_counter() - t0
         return res
 

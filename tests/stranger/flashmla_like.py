@@ -167,7 +167,8 @@ def _attend(q, k, v, scale, causal):
     if causal:
         vis = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(diagonal=lk - lq)
         s = s.masked_fill(~vis, float("-inf"))
-    p = torch.softmax(s, -1).nan_to_num(0.0)
+    dead = torch.isneginf(s).all(-1, keepdim=True)  # a row with no visible key: 0 (not nan_to_num, which would
+    p = torch.where(dead, torch.zeros_like(s), torch.softmax(s, -1))  # also swallow a NaN or Inf input)
     return torch.einsum("bhqk,bkhd->bqhd", p, v.float().repeat_interleave(g, 2)), torch.logsumexp(s, -1)
 
 
