@@ -254,3 +254,18 @@ def test_the_whole_ci_profile_passes_through_the_cli(tmp_path, target):
     want = "chunked_matches_reference" if "chunked" in target else "mla_latent_views"
     for prop in (want, "forward_matches_reference", "nonfinite_inputs_propagate"):
         assert re.search(rf"^{prop} +ok ", out, re.M), (prop, out[-3000:])
+
+
+def test_a_swallowed_nan_message_does_not_read_out_ok():
+    """Before: 'N row(s) finite where the reference is non-finite' stood above 'out: ok (rel L2 ...)' (the comparison
+    skips the rows the reference makes non-finite), which read as a contradiction."""
+    @av.adapter("swallows-nan-2", register=False, dtypes=("float16",), head_dims=(16, 32))
+    def swallows(q, k, v, spec):
+        s = (q.float() @ k.float().transpose(-1, -2)) * spec.resolved_scale(q.shape[-1])
+        return (torch.softmax(s, -1).nan_to_num(0.0) @ v.float()).to(q.dtype)
+
+    with pytest.raises(AssertionError) as e:
+        _run("nonfinite_inputs_propagate", swallows, max_examples=5)
+    msg = str(e.value)
+    assert "the NaN/Inf was swallowed" in msg and "out, on the rows the reference keeps finite: ok" in msg, msg[-1500:]
+    assert "\nout: ok" not in msg
