@@ -76,6 +76,9 @@ def pytest_args_for_run(ns, extra: List[str], *, gpu: Optional[bool] = None, out
     args: List[str] = []
     # named as the installed entry point is: pytest registers it once, from a source tree or an install
     args += ["-p", "attnverify.plugin", "--attn-only", "-p", "no:cacheprovider", "-rfE"]
+    # run imports attnverify before pytest starts, so pytest's assertion rewriting warned on every run that it could
+    # not rewrite attnverify (noise: attnverify's own messages need no rewriting); -W's message is literal
+    args += ["-W", "ignore:Module already imported so cannot be rewritten; attnverify:pytest.PytestAssertRewriteWarning"]
     if adapters:
         args += [f"--adapter={','.join(adapters)}"]
     for flag, val in (("--attn-profile", profile), ("--attn-report", ns.report), ("--attn-seed", ns.seed),

@@ -39,6 +39,13 @@ def _case(case_dict: Optional[dict], case_file: Optional[str]):
     from .case import CaseRecipe, build_case, load_case
 
     try:
+        if case_dict and case_dict.get("rebuild"):  # a case no recipe describes (mla_latent_views: V a view of K)
+            from .properties import get_property
+
+            rb = case_dict["rebuild"]
+            if rb.get("device") == "cuda" and not cuda_present():
+                return None, "the case was made on cuda and this machine has none"
+            return get_property(rb["property"]).rebuild_case(rb["drawn"], rb["device"]), None
         if case_dict and case_dict.get("recipe"):
             r = CaseRecipe.from_dict(dict(case_dict["recipe"]))
             if r.device == "cuda" and not cuda_present():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnverify.case import CaseRecipe, build_case
-from attnverify.diagnose import NO_EXPLANATION, Variant, alternative_forward, diagnose
+from attnverify.diagnose import Variant, alternative_forward, diagnose
 from attnverify.fp8 import descaled
 from attnverify.reference import reference_forward
 
@@ -61,14 +61,14 @@ def test_sink_ignored_and_sink_in_numerator_are_named():
     assert d.best is not None and d.best.key == "sink_in_numerator", d.text()
 
 
-def test_a_case_the_engine_does_not_model_names_nothing():
-    """Chunked local attention is not in the engine: an output that is the reference without the chunks must not be
-    'explained' by an unrelated alternative; the note says why."""
+def test_chunk_ignored_is_named_and_the_guard_is_no_blanket():
+    """Chunked local attention is in the engine (it was not: every chunk bug read 'no simple explanation'): an output
+    that is the reference without the chunks is named as such."""
     c = build_case(CaseRecipe(attention_chunk=4, causal="bottom_right", len_q=16, len_k=16, seed=2))
     unchunked = reference_forward(c.q, c.k, c.v, c.spec.replace(attention_chunk=None)).out
     d = diagnose(c, {"out": unchunked.float()}, failing=["out"])
-    assert d.summary == NO_EXPLANATION and not d.explained
-    assert any("does not reproduce the reference" in n for n in d.notes), d.notes
+    assert d.best is not None and d.best.key == "chunk_ignored", d.text()
+    assert not any("does not reproduce the reference" in n for n in d.notes), d.notes
     plain = build_case(CaseRecipe(causal="bottom_right", len_q=16, len_k=40, seed=2))  # and the guard is no blanket
     skip_last = alternative_forward(plain.q, plain.k, plain.v, plain.spec, Variant(skip_last_tile=16))[0]
     assert diagnose(plain, {"out": skip_last.float()}, failing=["out"]).best.key == "last_tile_skipped_16"

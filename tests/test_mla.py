@@ -54,6 +54,6 @@ def test_skips_naming_the_missing_claim():
     a = av.adapter("mine-d64", register=False, head_dims=(64,), dv_ne_d=True, backward=True)(lambda q, k, v, s: q)
     with pytest.raises(PropertySkipped, match="mine-d64 claims neither head dims 576/512 nor 192/128"):
         _run(a)
-    b = av.adapter("mine-fwd", register=False, head_dims=(192, 128), dv_ne_d=True)(lambda q, k, v, s: q)
-    with pytest.raises(PropertySkipped, match="mine-fwd does not claim backward"):
+    b = av.adapter("mine-nodv", register=False, head_dims=(192, 128), backward=True)(lambda q, k, v, s: q)
+    with pytest.raises(PropertySkipped, match="mine-nodv does not claim dv_ne_d"):
         _run(b)

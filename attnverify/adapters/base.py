@@ -62,6 +62,9 @@ class Claims:
     attention_chunk: bool = False
     # fp8 inputs with spec.q_descale / k_descale / v_descale, float32 (B, Hkv) (FA3's convention; attnverify/fp8.py)
     descales: bool = False
+    # MLA's absorbed form with one latent: the kernel reads V as the first Dv columns of K (FlashMLA's
+    # flash_mla_with_kvcache has no V argument); only mla_latent_views draws such cases, every other property skips
+    latent_kv: bool = False
 
     def page_size_ok(self, s: int) -> bool:
         ps = self.page_sizes
@@ -82,7 +85,7 @@ class Claims:
     def summary(self) -> str:
         feats = [f for f in ("window", "softcap", "alibi", "attn_mask", "gqa", "varlen", "dropout", "backward", "lse",
                              "deterministic", "kv_cache", "paged", "append", "cache_leftpad", "sinks", "attention_chunk",
-                             "descales") if getattr(self, f)]
+                             "descales", "latent_kv") if getattr(self, f)]
         hd = "predicate" if callable(self.head_dims) else ",".join(map(str, self.head_dims))
         causal = "/".join(c for c in self.causal)
         return (
@@ -154,6 +157,12 @@ def _validate_claims(name: str, kw: dict) -> Claims:
         raise bad("descales", f"must be True or False, got {c['descales']!r}")
     if c.get("descales") and not any(d.startswith("float8") for d in c.get("dtypes", ())):
         raise bad("descales", "descales scale fp8 inputs: add 'float8_e4m3fn' and/or 'float8_e5m2' to dtypes")
+    if c.get("latent_kv"):
+        hd = c.get("head_dims", DEFAULT_HEAD_DIMS)
+        ok = lambda d: bool(hd(d)) if callable(hd) else d in hd  # noqa: E731
+        if not c.get("dv_ne_d") or not any(ok(d) and ok(dv) for d, dv in ((576, 512), (192, 128))):
+            raise bad("latent_kv", "V read as the first Dv columns of K is MLA's absorbed form: claim dv_ne_d=True and "
+                                   "the head dims of a pair, e.g. head_dims=(576, 512) (or 192 and 128)")
     from ._serving_claims import validate_serving_claims
 
     validate_serving_claims(c, bad)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import List, Sequence
 
+import torch
+
 from .engine import Variant
 
 TILE_CANDIDATES = (16, 32, 64, 128)
@@ -38,7 +40,14 @@ def alternatives_for(case, spec, tiles: Sequence[int], declared_fm: str, has_kee
                 alts.append((f"window_off_by_one_{'left' if dl else 'right'}{'+' if (dl or dr) > 0 else '-'}",
                              f"window {what}: ({nl}, {nr}) instead of ({left}, {right})", V(window=(nl, nr))))
         alts.append(("window_ignored", "window ignored", V(window=None)))
+    alts += _chunk_alternatives(spec, V, b, lq, lk)
     sc = spec.resolved_scale(d)
+    dv = case.v.shape[-1]
+    if dv < d and case.v.shape[:3] == k.shape[:3] and bool(torch.equal(case.v.detach().cpu(), k[..., :dv].detach().cpu())):
+        alts.append(("latent_v_last", f"V read from K's last {dv} columns, not its first {dv} (MLA: V is the latent, "
+                     f"the first Dv columns of K)", V(latent="v_last")))
+        alts.append(("latent_rope_dropped", f"the scores from the first {dv} columns only: K's and q's last {d - dv} "
+                     f"(rope) columns left out of the score (MLA)", V(latent="rope_dropped", scale=sc)))
     default = 1.0 / math.sqrt(d)
     alts.append(("scale_missing", f"softmax scale missing (1 used instead of {sc:.4g})", V(scale=1.0)))
     alts.append(("scale_doubled", f"softmax scale doubled ({2 * sc:.4g} instead of {sc:.4g})", V(scale=2 * sc)))
@@ -86,6 +95,35 @@ def alternatives_for(case, spec, tiles: Sequence[int], declared_fm: str, has_kee
                          f"when the running max rises (key tile {t})", V(online=(t, "no_rescale_acc"))))
             alts.append((f"missing_rescale_sum_{t}", "online softmax rescales the output accumulator but not the sum "
                          f"when the running max rises (key tile {t})", V(online=(t, "no_rescale_sum"))))
+    return alts
+
+
+def _chunk_alternatives(spec, V, b, lq, lk):
+    """Chunked local attention's mistakes (Spec.attention_chunk = C): the ones that differ on this case."""
+    c = spec.attention_chunk
+    if not c:
+        return []
+    if spec.cu_seqlens_q is None:
+        segs = [(lq, lk, b * lk if b > 1 else 0)]
+    else:
+        cq, ck = spec.cu_seqlens_q.tolist(), spec.cu_seqlens_k.tolist()
+        segs = [(cq[n + 1] - cq[n], ck[n + 1] - ck[n], ck[n]) for n in range(len(cq) - 1)]
+    alts = [("chunk_ignored", f"attention_chunk={c} ignored (no chunk limit)", V(chunk="ignored")),
+            ("chunk_boundary_early", f"chunk boundaries one key early: a query also sees the last key of the previous "
+             f"chunk and not its own chunk's last (attention_chunk={c})", V(chunk="early")),
+            ("chunk_boundary_late", f"chunk boundaries one key late: a query misses its chunk's first key and sees the "
+             f"next chunk's first (attention_chunk={c})", V(chunk="late")),
+            ("chunk_next_position", f"the query's chunk taken at position p + 1 (attention_chunk={c})",
+             V(chunk="next_position"))]
+    if any(sq != sk for sq, sk, _ in segs):
+        alts.append(("chunk_top_left", f"chunks counted from the query index i, not its position i + Lk - Lq (top-left; "
+                     f"attention_chunk={c})", V(chunk="top_left")))
+    if any(k0 % c for _, _, k0 in segs) or (spec.cu_seqlens_q is None and b > 1 and lk % c):
+        alts.append(("chunk_packed_origin", "chunks counted from the position in the packed batch (the document's or "
+                     f"batch entry's first key not subtracted; attention_chunk={c})", V(chunk="packed")))
+    if any(sk % c for _, sk, _ in segs):
+        alts.append(("chunk_last_partial_free", f"no chunk limit in the last, partial chunk (Lk % {c} != 0)",
+                     V(chunk="last_partial_free")))
     return alts
 
 

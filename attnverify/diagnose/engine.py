@@ -39,6 +39,14 @@ class Variant:
     online: Optional[Tuple[int, str]] = None  # (tile, "no_rescale" | "no_rescale_acc" | "no_rescale_sum")
     descale_ignored: Optional[str] = None  # "q" | "k" | "v": that fp8 descale taken as 1
     sink: str = "spec"  # spec | ignored (no sink) | numerator (the sink's value row is 1, not 0)
+    # chunked local attention (Spec.attention_chunk): spec | ignored | early / late (every chunk boundary one key
+    # early / late) | next_position (the query's chunk taken at p + 1) | top_left (chunks of the query index i, not
+    # of its position i + Lk - Lq) | packed (positions counted in the packed batch: the segment's or batch's key
+    # offset not subtracted) | last_partial_free (no chunk limit in a segment's last, partial chunk)
+    chunk: str = "spec"
+    # MLA's absorbed form (V = K[..., :Dv], one latent): spec | v_last (V read from K's last Dv columns) |
+    # rope_dropped (the scores from the first Dv columns of q and K only: the rope columns left out)
+    latent: str = "spec"
 
 
 def _segments(spec, lq: int, lk: int):
@@ -91,7 +99,11 @@ def final_scores(q, k, spec, var: Variant, lq: int, lk: int, pad: int):
         s = s - a[:, :, None, None] * (diag - j).abs()
     causal = spec.causal if var.causal is None else var.causal
     window = spec.window if var.window == (-2, -2) else var.window
-    vis = same & visible(qi[:, None], j, diag, causal, window, strict_diag=var.strict_diag)
+    chunk = spec.attention_chunk
+    vis = same & visible(qi[:, None], j, diag, causal, window, strict_diag=var.strict_diag,
+                         chunk=chunk if var.chunk == "spec" else None)
+    if chunk and var.chunk not in ("spec", "ignored"):
+        vis = same & vis & _chunk_variant(spec, var.chunk, chunk, qi[:, None], j, diag, q.shape[0], lq, lk)
     if var.skip_last_tile:
         start = ((lk - 1) // var.skip_last_tile) * var.skip_last_tile if lk else 0
         vis[:, start:lk] = False
@@ -111,6 +123,31 @@ def final_scores(q, k, spec, var: Variant, lq: int, lk: int, pad: int):
             s = s + m.to(F64)
     s = torch.where(vis4, s, torch.full_like(s, -math.inf))
     return s, positional
+
+
+def _chunk_variant(spec, mode, c, i, j, diag, b, lq, lk):
+    """The chunk restriction of a wrong chunk variant: (Lq, Lk) or, for `packed`, (B, 1, Lq, Lk)."""
+    fl = lambda x: torch.div(x, c, rounding_mode="floor")  # noqa: E731
+    if mode in ("early", "late"):
+        start = fl(diag) * c + (-1 if mode == "early" else 1)
+        return (j >= start) & (j < start + c)
+    if mode == "next_position":
+        return fl(j) == fl(diag + 1)
+    if mode == "top_left":
+        return fl(j) == fl(i)
+    seg_k0 = torch.zeros(lq, 1, dtype=F64)  # each row's segment: its first key in the pack, its number of keys
+    seg_lk = torch.full((lq, 1), float(lk), dtype=F64)
+    if spec.cu_seqlens_q is not None:
+        for q0, q1, k0, k1 in segments(spec.cu_seqlens_q, spec.cu_seqlens_k):
+            seg_k0[q0:q1], seg_lk[q0:q1] = float(k0), float(k1 - k0)
+    if mode == "packed":
+        if spec.cu_seqlens_q is None:  # a padded batch counted as one pack: batch b's keys start at b * Lk
+            seg_k0 = (torch.arange(b, dtype=F64) * lk).view(b, 1, 1, 1)
+        return fl(j + seg_k0) == fl(diag + seg_k0)
+    if mode == "last_partial_free":
+        tail = (seg_lk % c != 0) & (fl(diag) * c >= fl(seg_lk) * c)
+        return (fl(j) == fl(diag)) | tail
+    raise ValueError(f"Variant(chunk={mode!r})")
 
 
 def expand_kv(k, v, hq: int, var: Variant):
@@ -138,6 +175,10 @@ def alternative_forward(q, k, v, spec, var: Variant = Variant(), keep=None):
         drop = {f"{var.descale_ignored}_descale": None} if var.descale_ignored else {}
         q, k, v, spec = descaled(q, k, v, spec.replace(**drop))
     q, k, v = q.to(F64), k.to(F64), v.to(F64)
+    if var.latent == "v_last":
+        v = k[..., k.shape[-1] - v.shape[-1]:]
+    elif var.latent == "rope_dropped":
+        q, k = q[..., :v.shape[-1]], k[..., :v.shape[-1]]
     b, hq, lq, _ = q.shape
     lk = k.shape[2]
     k, v = expand_kv(k, v, hq, var)

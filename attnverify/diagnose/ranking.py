@@ -62,6 +62,9 @@ def diagnose(
         refd = {"out": torch.where(fmr.unsqueeze(-1), torch.full_like(ref.out, math.nan), ref.out),
                 "lse": torch.where(fmr, torch.full_like(ref.lse, math.nan), ref.lse)}
     has_fm = bool(torch.isneginf(ref.lse).any())
+    swallowed = _nonfinite_mismatch(case, obs.get("out"), refd["out"])
+    if swallowed is not None:  # the error shapes below would be measured over NaN-zeroed differences: misleading
+        return Diagnosis(swallowed.title, [swallowed], notes=notes)
     dtype = case.dtype
     tol = {}
     for n in ("out", "lse"):
@@ -113,6 +116,27 @@ def diagnose(
     else:
         summary = NO_EXPLANATION
     return Diagnosis(summary, explanations, sigs, notes)
+
+
+def _nonfinite_mismatch(case, out, ref_out) -> Optional[Explanation]:
+    """With a NaN/Inf among the inputs, rows finite in the output where the reference's are not (swallowed), or the
+    reverse (spread): that is the explanation; None otherwise. Before, a swallowed NaN read as 'missing rescale' (the
+    running-max signature over the NaN-zeroed error)."""
+    if out is None or out.shape != ref_out.shape:
+        return None
+    if all(bool(torch.isfinite(t.detach().float()).all()) for t in (case.q, case.k, case.v)):  # fp8: no isfinite
+        return None
+    got_nf = ~torch.isfinite(out).all(-1)  # (B, H, Lq): a row with a non-finite element
+    ref_nf = ~torch.isfinite(ref_out).all(-1)
+    lost, spread = int((ref_nf & ~got_nf).sum()), int((got_nf & ~ref_nf).sum())
+    if lost:
+        return Explanation("nonfinite_swallowed", f"a NaN/Inf input swallowed: {lost} row(s) finite where the reference "
+                           "is NaN/Inf (a kernel that reads a NaN or +Inf row max as 'no visible key': isfinite(max), "
+                           "max > -inf, nan_to_num)", 0.0, 1.0, True)
+    if spread:
+        return Explanation("nonfinite_spread", f"a NaN/Inf input spread: {spread} row(s) NaN/Inf where the reference is "
+                           "finite (a masked or other row's NaN reaching them)", 0.0, 1.0, True)
+    return None
 
 
 def _unmodelled(case, spec, refd, fwd, keep, declared_fm) -> str:

@@ -146,6 +146,8 @@ def _tile_span_signature(case, spec, obs_out, ref_out, tiles) -> Optional[Signat
             continue  # the span would hold a large part of any error: no evidence either way
         vis = torch.isfinite(s_final[..., s0:]).to(F64)  # (B, H, Lq, n_t)
         A = (v[:, :, None, s0:, :] - ref_out[:, :, :, None, :]) * vis.unsqueeze(-1)  # (B, H, Lq, n_t, Dv)
+        if not bool(torch.isfinite(A).all()):  # NaN/Inf values or reference rows (a poisoned input): no fit; MKL's
+            continue  # lstsq also printed "Intel oneMKL ERROR: Parameter 4 was incorrect on entry to DGELSY" per call
         At = A.transpose(-1, -2)
         x = torch.linalg.lstsq(At, dO.unsqueeze(-1)).solution
         proj = (At @ x).squeeze(-1)

@@ -61,6 +61,8 @@ class Property:
 
     # True for the properties that draw fp8 cases (properties/fp8.py); the others draw none (attention_cases)
     draws_fp8: bool = False
+    # True for the properties that draw K and V as views of one latent (properties/mla.py); the others draw them apart
+    draws_latent_kv: bool = False
 
     def why_skipped(self, adapter) -> Optional[str]:
         """The reason this property does not run for `adapter` (None: it runs): its skip_reason, or an adapter that
@@ -69,6 +71,9 @@ class Property:
         if not self.draws_fp8 and dts and all(str(d).startswith("float8") for d in dts):
             return (f"{adapter.name} claims only fp8 dtypes ({', '.join(dts)}); {self.name} draws no fp8 case (the fp8 "
                     f"properties fp8_matches_reference and descale_linearity test them)")
+        if adapter.claims.latent_kv and not self.draws_latent_kv:
+            return (f"{adapter.name} claims latent_kv (V read as the first Dv columns of K): {self.name} draws K and V "
+                    f"apart; mla_latent_views tests such a kernel")
         return self.skip_reason(adapter)
 
     def skip_reason(self, adapter) -> Optional[str]:

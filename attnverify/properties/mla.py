@@ -1,8 +1,14 @@
 """MLA in its absorbed form (DeepSeek): K and V are views of one latent tensor, V = K[..., :Dv], one latent head
 shared by every query head (GQA-like), head dims 576/512 or 192/128.
 
-    mla_latent_views   latent K/V views give what separate copies give, and the latent's gradient is dK + dV
-                       (the dV path added into the first Dv columns of the dK path)
+    mla_latent_views   latent K/V views give what separate copies give and what the float64 reference gives (out,
+                       and the LSE where claimed), and, with `backward`, the latent's gradient is dK + dV (the dV path
+                       added into the first Dv columns of the dK path)
+
+A forward-only kernel that reads V from K's first Dv columns itself (FlashMLA's `flash_mla_with_kvcache` has no V
+argument) runs it too: the views-vs-copies comparison is blind to a wrong score or V slice there (both calls carry
+the same values), so the views call is also held to the reference. Lk reaches past 64 and B is 1 or 2, so a kernel
+that pages the latent (FlashMLA: pages of 64) reads more than one page.
 """
 from __future__ import annotations
 
@@ -13,27 +19,33 @@ from hypothesis import strategies as st
 
 from ..case import DTYPES, Case
 from ..check import unpack_output
+from ..reference import reference_forward
 from ..spec import Spec
 from .base import ExampleResult, Property
 from .serving import judge_pairs
 
 MLA_DIMS = ((576, 512), (192, 128))
+LONG_KEYS = (63, 64, 65, 127, 128, 129, 160)  # around a page of 64 (FlashMLA's) and two
 
 
 def claimed_dims(claims):
     return [d for d in MLA_DIMS if claims.head_dim_ok(d[0]) and claims.head_dim_ok(d[1])]
 
 
-def latent_call(adapter, q, latent, dv, spec, d_out, views: bool):
-    """(out, d latent) of one call with K = latent and V = latent[..., :dv], as views or as separate copies."""
-    q = q.detach().clone().requires_grad_(True)
-    lat = latent.detach().clone().requires_grad_(True)
+def latent_call(adapter, q, latent, dv, spec, d_out, views: bool, grad: bool = True, with_lse: bool = False):
+    """(out, d latent) of one call with K = latent and V = latent[..., :dv], as views or as separate copies
+    (grad=False: forward only, d latent None; with_lse: (out, d latent, lse))."""
+    q = q.detach().clone().requires_grad_(grad)
+    lat = latent.detach().clone().requires_grad_(grad)
     if views:
         k, v = lat, lat[..., :dv]
     else:
-        k = lat.detach().clone().requires_grad_(True)
-        v = lat[..., :dv].detach().clone().requires_grad_(True)
-    out = unpack_output(adapter(q, k, v, spec))[0]
+        k = lat.detach().clone().requires_grad_(grad)
+        v = lat[..., :dv].detach().clone().requires_grad_(grad)
+    res = unpack_output(adapter(q, k, v, spec))
+    out, lse = res[0], res[1]
+    if not grad:
+        return (out.detach(), None, lse) if with_lse else (out.detach(), None)
     grads = torch.autograd.grad((out.float() * d_out).sum(), [lat] if views else [k, v], allow_unused=True)
     if views:
         g = grads[0]
@@ -41,14 +53,17 @@ def latent_call(adapter, q, latent, dv, spec, d_out, views: bool):
         dk, dvv = (torch.zeros_like(t) if g is None else g for t, g in zip((k, v), grads))
         g = dk.clone()
         g[..., :dv] += dvv
-    return out.detach(), (torch.zeros_like(lat) if g is None else g).detach()
+    g = (torch.zeros_like(lat) if g is None else g).detach()
+    return (out.detach(), g, lse) if with_lse else (out.detach(), g)
 
 
 class MlaLatentViews(Property):
     name = "mla_latent_views"
     doc = ("With K and V views of one latent tensor (V = K[..., :Dv], one latent head for all query heads) the output "
-           "equals the separate-copies call, and the latent's gradient equals dK + dV of the separate copies.")
-    needs = ("dv_ne_d", "backward")
+           "equals the separate-copies call and the float64 reference (the LSE too where claimed), and with backward "
+           "the latent's gradient equals dK + dV of the separate copies.")
+    needs = ("dv_ne_d",)
+    draws_latent_kv = True
     cost = 2.0
 
     def skip_reason(self, adapter):
@@ -62,8 +77,9 @@ class MlaLatentViews(Property):
         cap = c.max_seqlen or 40  # the claim-set fuzz found Lk = 35 drawn for max_seqlen = 34
         return st.fixed_dictionaries({
             "dims": st.sampled_from(claimed_dims(c)),
-            "heads_q": st.integers(1, 4) if c.gqa else st.just(1),
-            "len_q": st.integers(1, min(24, cap)), "len_k": st.integers(1, min(40, cap)),
+            "heads_q": st.integers(1, 4) if c.gqa else st.just(1), "batch": st.integers(1, 2),
+            "len_q": st.integers(1, min(24, cap)),
+            "len_k": st.one_of(st.integers(1, min(40, cap)), st.sampled_from([n for n in LONG_KEYS if n <= cap] or [1])),
             "dtype": st.sampled_from([d for d in c.dtypes if not d.startswith("float8")]),
             "causal": st.sampled_from(c.causal), "seed": st.integers(0, 2**16),
         }).map(lambda d: {**d, "dims": list(d["dims"])})
@@ -74,32 +90,54 @@ class MlaLatentViews(Property):
         c = adapter.claims
         dt = [d for d in c.dtypes if not d.startswith("float8")][0]
         cap = c.max_seqlen or 9
-        return [{"dims": list(claimed_dims(c)[0]), "heads_q": 2 if c.gqa else 1, "len_q": min(5, cap), "len_k": min(9, cap),
+        return [{"dims": list(claimed_dims(c)[0]), "heads_q": 2 if c.gqa else 1, "batch": 1, "len_q": min(5, cap),
+                 "len_k": min(9, cap),
                  "dtype": dt,
                  "causal": c.causal[-1], "seed": 0}]
 
-    def run_example(self, adapter, drawn) -> ExampleResult:
-        t0 = time.perf_counter()
+    def rebuild_case(self, drawn, device: str) -> Case:
+        """The example's case again (q, and K and V views of one latent): what its evidence re-runs and diagnoses
+        (no CaseRecipe describes V as a view of K, so the case carries {"rebuild": ...} instead)."""
         d, dv = drawn["dims"]
         gen = torch.Generator().manual_seed(int(drawn["seed"]))
         dtype = DTYPES[drawn["dtype"]]
+        b, hq, lq = drawn.get("batch", 1), drawn["heads_q"], drawn.get("rows", drawn["len_q"])
+        q = torch.randn(b, hq, lq, d, generator=gen).to(device, dtype)
+        latent = torch.randn(b, 1, drawn["len_k"], d, generator=gen).to(device, dtype)
+        spec = Spec(causal=drawn["causal"], return_lse=bool(drawn.get("lse", False)))
+        return Case(q, latent, latent[..., :dv], spec, seed=int(drawn["seed"]), label=self.name)
+
+    def run_example(self, adapter, drawn) -> ExampleResult:
+        t0 = time.perf_counter()
+        dv = drawn["dims"][1]
         dev = "cpu" if "cpu" in adapter.claims.devices else "cuda"
-        q = torch.randn(1, drawn["heads_q"], drawn["len_q"], d, generator=gen).to(dev, dtype)
-        latent = torch.randn(1, 1, drawn["len_k"], d, generator=gen).to(dev, dtype)
-        spec = Spec(causal=drawn["causal"])
-        d_out = torch.randn(1, drawn["heads_q"], drawn["len_q"], dv, generator=gen).to(dev)
-        case = Case(q, latent, latent[..., :dv], spec, seed=int(drawn["seed"]), label=self.name)
+        lq = drawn["len_q"]
+        if drawn["causal"] != "none" and adapter.claims.fully_masked != "zeros":
+            lq = min(lq, drawn["len_k"])  # no row without a visible key: the reference's 0 / -inf is not claimed
+        full = {**drawn, "rows": lq, "lse": adapter.claims.lse}
+        case = self.rebuild_case(full, dev)
+        spec = case.spec
+        gen = torch.Generator().manual_seed(int(drawn["seed"]) + 1)
+        d_out = torch.randn(*case.q.shape[:3], dv, generator=gen).to(dev)
 
         def pairs(a, c):
-            o1, g1 = latent_call(a, c.q, c.k, dv, spec, d_out, views=True)
-            o2, g2 = latent_call(a, c.q, c.k, dv, spec, d_out, views=False)
-            return {"out": (o1, o2.double().cpu()), "d_latent": (g1, g2.double().cpu())}
+            grad = a.claims.backward and adapter.claims.backward
+            o1, g1, lse1 = latent_call(a, c.q, c.k, dv, spec, d_out, views=True, grad=grad, with_lse=True)
+            o2, g2 = latent_call(a, c.q, c.k, dv, spec, d_out, views=False, grad=grad)
+            ref = reference_forward(c.q, c.k, c.k[..., :dv], spec)
+            out = {"out": (o1, ref.out), "out_views_vs_copies": (o1, o2.double().cpu())}
+            if spec.return_lse:
+                out["lse"] = (lse1, ref.lse)
+            if grad:
+                out["d_latent"] = (g1, g2.double().cpu())
+            return out
 
         try:
             res = judge_pairs(self, adapter, case, drawn, pairs)
         except Exception as e:
             res = ExampleResult(False, f"{self.name}: the property raised {type(e).__name__}: {e}", severity=1e30,
                                 status="error", case=case.to_dict())
+        res.case = {**(res.case or case.to_dict()), "rebuild": {"property": self.name, "drawn": full, "device": dev}}
         res.seconds = time.perf_counter() - t0
         return res
 

@@ -61,12 +61,12 @@ def _seqlens_cached(min_len: int, max_len: int, tiles: Tuple[int, ...]):
 
 
 def head_dim_candidates(claims, profile_dims: Sequence[int]) -> Tuple[int, ...]:
-    """Head dims the adapter claims, in the profile's order (simplest first); exact claims beyond it added."""
+    """Head dims the adapter claims, in the profile's order (simplest first); exact claims beyond it added, those
+    above the profile's largest too (a claimed 576, MLA's, was never drawn beside a claimed 512: the claim untested)."""
     out = [d for d in profile_dims if claims.head_dim_ok(d)]
     cap = max(profile_dims)
     if not callable(claims.head_dims):
-        out += sorted(d for d in claims.head_dims if d not in out and d <= cap)
-        out = out or [min(claims.head_dims)]  # only dims above the profile's: the smallest claimed one
+        out += sorted(d for d in claims.head_dims if d not in out)
     elif not out:  # a predicate none of the profile's dims passes (d % 48 == 0): the smallest it accepts
         out = [d for d in range(1, cap + 1) if claims.head_dim_ok(d)][:3]
     return tuple(out)

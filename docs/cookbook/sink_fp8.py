@@ -29,7 +29,7 @@ def sink_fp8_attention(q, k, v, sinks, q_descale=None, k_descale=None, v_descale
         j = torch.arange(lk, device=q.device)[None, :]
         s = s.masked_fill(j > i + (lk - lq), float("-inf"))
     m = s.amax(dim=-1, keepdim=True) if lk else s.new_full((b, hq, lq, 1), float("-inf"))  # the keys' row max
-    has_key = torch.isfinite(m)
+    has_key = ~torch.isneginf(m)  # a visible key; not isfinite(m): a NaN or +Inf score must propagate, not read as none
     p = torch.exp(s - torch.where(has_key, m, torch.zeros_like(m)))  # in [0, 1]
     if q.dtype == torch.float8_e4m3fn:
         p = p.to(torch.float8_e4m3fn).float()  # the P that an fp8 P @ V product sees
@@ -39,7 +39,7 @@ def sink_fp8_attention(q, k, v, sinks, q_descale=None, k_descale=None, v_descale
     mf = torch.where(torch.isfinite(mf), mf, torch.zeros_like(mf))
     alpha = torch.where(has_key, torch.exp(m - mf), torch.zeros_like(m))
     denom = p.sum(dim=-1, keepdim=True) * alpha + torch.exp(sinks.float().view(1, hq, 1, 1) - mf)
-    has = denom > 0
+    has = denom != 0  # not denom > 0: a NaN denominator (a NaN or Inf input) must reach the output
     out = torch.where(has, (p @ vf) * alpha / torch.where(has, denom, torch.ones_like(denom)), torch.zeros_like(denom))
     out = out * per_head(v_descale)
     lse = torch.where(has, mf + torch.log(denom), torch.full_like(denom, float("-inf")))
