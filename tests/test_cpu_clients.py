@@ -195,9 +195,12 @@ def test_onnx_attention_findings_cover_their_messages_only():
                   "forward_matches_reference failed for onnx-attention (profile ci)\nshrunk case: B=1 D=16 float16\n"
                   "[onnx-attention] ERROR: B=1 D=16 float16\nFail: [ONNXRuntimeError] : 1 : FAIL"):
         assert not re.search(pats["forward_matches_reference"], other), other[:200]
-    assert re.search(pats["nonfinite_inputs_propagate"], ORT_INF_Q)
-    assert not re.search(pats["nonfinite_inputs_propagate"], ORT_INF_Q.replace("('q', 0, 0, 0, 0, 'inf')]\n", "('k', 0, 0, 0, 0, 'inf')]\n"))
-    assert "F24" in a.known_failures["forward_matches_reference"] and "F25" in a.known_failures["nonfinite_inputs_propagate"]
+    # F25 (NaN on a row an Inf in q leaves without a key) is no failure since 2026-12-05, so no longer declared: such a
+    # message is a new failure; the float16 precision (F24) is what the declaration covers there
+    assert not re.search(pats["nonfinite_inputs_propagate"], ORT_INF_Q)
+    assert re.search(pats["nonfinite_inputs_propagate"], ORT_FP16.replace("forward_matches_reference", "nonfinite_inputs_propagate"))
+    assert "F24" in a.known_failures["forward_matches_reference"] and "F24" in a.known_failures["nonfinite_inputs_propagate"]
+    assert "nonfinite_inputs_propagate" in a.known_not_strict
 
 
 def test_cudnn_fully_masked_pattern_on_the_property_own_message():
