@@ -131,7 +131,8 @@ def test_row_shift_invariance_rejects_a_softmax_without_max_subtraction(tmp_path
 def test_nonfinite_inputs_honour_the_declared_fully_masked_convention():
     # k = +inf against a query with a negative component leaves that row with every score -inf: the
     # reference calls it fully masked (out 0). An adapter declaring such rows unsupported (JAX gives NaN,
-    # docs/compatibility.md F6) is not judged on them; the same numbers declared as "zeros" fail.
+    # docs/compatibility.md F6) is not judged on them; declared as "zeros", a NaN there is the Inf propagated and
+    # passes too (since 2026-12-05), while a finite value other than 0 (V averaged over the dead row) fails.
     import torch
 
     import attnverify as av
@@ -155,8 +156,16 @@ def test_nonfinite_inputs_honour_the_declared_fully_masked_convention():
     assert fm.any() and softmax_nan(case.q, case.k, case.v, case.spec)[0, 0][fm].isnan().all()
     ok = prop.judge(unsupported, case, {})
     assert ok.passed, ok.message
-    bad = prop.judge(zeros, case, {})
-    assert not bad.passed and "NaN/Inf" in bad.message, bad.message
+    assert prop.judge(zeros, case, {}).passed
+
+    def softmax_uniform(q, k, v, spec):  # a dead row averages V: finite, neither 0 nor the NaN propagated
+        s = (q.float() @ k.float().transpose(-1, -2)) * spec.resolved_scale(q.shape[-1])
+        dead = torch.isneginf(s).all(-1, keepdim=True)
+        return (torch.softmax(s.masked_fill(dead, 0.0), -1) @ v.float()).to(q.dtype)
+
+    uniform = av.adapter("uniform-rows-as-zeros", register=False, fully_masked="zeros", **claims)(softmax_uniform)
+    bad = prop.judge(uniform, case, {})
+    assert not bad.passed and "out: MISMATCH" in bad.message, bad.message
     assert prop.judge(get("naive"), case, {}).passed
 
 
