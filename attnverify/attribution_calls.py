@@ -128,13 +128,12 @@ def through_calls(prop, adapter, recipe, params: dict, runner, *, kit: dict, fai
     return None
 
 
-def with_params(r, params: dict, adapter=None):
+def with_params(r, params: dict, adapter):
     """A neighbour recipe `r` as its property judged it, for another property to judge: the sinks a sink property
     draws beside its recipe join the recipe (else forward_matches_reference judged the case without them, passed,
     and a sink bug read 'needs return_lse'), as `adapter` takes them (sink_logits.for_adapter)."""
     if params.get("sinks") is not None and r.cache_lens is None and r.sinks is None:
         from .sink_logits import for_adapter
 
-        d = dict(params["sinks"]) if adapter is None else for_adapter(adapter, r.dtype, dict(params["sinks"]))
-        return dataclasses.replace(r, sinks=d)
+        return dataclasses.replace(r, sinks=for_adapter(adapter, r.dtype, dict(params["sinks"])))
     return r

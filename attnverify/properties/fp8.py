@@ -53,9 +53,9 @@ def fp8_extras(adapter, *, descales_required: bool = False):
     })
 
 
-def with_extras(r: CaseRecipe, extras: dict, adapter=None) -> CaseRecipe:
+def with_extras(r: CaseRecipe, extras: dict, adapter) -> CaseRecipe:
     dom = extras.get("dominant")
-    sinks = extras.get("sinks") if adapter is None else for_adapter(adapter, r.dtype, extras.get("sinks"))
+    sinks = for_adapter(adapter, r.dtype, extras.get("sinks"))  # as the adapter takes them (sink_dtype)
     return dataclasses.replace(
         r, descales=extras.get("descales"),
         dominant_key=None if dom is None or not r.len_k else int(dom[0]) % r.len_k,
