@@ -73,14 +73,17 @@ def is_small(case: Case, backward: bool) -> bool:
     return judge_work(case, backward) <= SMALL_WORK
 
 
-def judged_case(case: Case, backward: bool) -> Case:
-    """The case the judge works on: `case` itself, or its CPU twin (per ATTNVERIFY_JUDGE_ON and the rule)."""
+def wants_twin(case: Case, backward: bool) -> bool:
+    """Whether `check` judges this case on a CPU twin (ATTNVERIFY_JUDGE_ON, then the rule under `auto`)."""
     mode = judge_mode()
-    if mode == "device":
-        return case
-    if mode == "auto" and (case.q.device.type == "cpu" or not is_small(case, backward)):
-        return case
-    return cpu_twin(case)
+    if mode != "auto":
+        return mode == "cpu-twin"
+    return case.q.device.type != "cpu" and is_small(case, backward)
+
+
+def judged_case(case: Case, backward: bool) -> Case:
+    """The case the judge works on: `case` itself, or its CPU twin."""
+    return cpu_twin(case) if wants_twin(case, backward) else case
 
 
 def cpu_twin(case: Case) -> Case:
