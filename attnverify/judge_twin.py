@@ -42,9 +42,10 @@ ENV = "ATTNVERIFY_JUDGE_ON"
 MODES = ("device", "auto", "cpu-twin")
 
 # "Small" (one home): the judge's float work is about scores x (D + Dv) multiply-adds per pass, and a case whose
-# B*Hq*Lq*Lk*(D + Dv) is at most SMALL_WORK (forward) costs under ~2 ms for the float64 reference and the baseline
-# together on one CPU thread; a backward judge does about three times the passes, so its bound is a third.
-# Measured by benchmarks/judge_twin_cost.py (BENCHMARKS.md, "CPU twin of the judge").
+# B*Hq*Lq*Lk*(D + Dv) is at most SMALL_WORK (forward) costs under ~2.3 ms on a 2-core EPYC for the float64 reference and the baseline
+# together on one CPU thread (a floor of 1.1-1.7 ms); a backward judge does about three times the passes, so its bound
+# is a third (its twins cost 3-7.3 ms there: its floor is ~3 ms; the GPU side of a backward judge is not measured yet).
+# Measured by benchmarks/judge_twin_cost.py (BENCHMARKS.md, "The judge on a CPU twin").
 SMALL_WORK = 2_000_000
 BACKWARD_PASSES = 3
 
