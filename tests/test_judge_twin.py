@@ -4,7 +4,8 @@ and comparisons on a CPU copy of the case, the adapter on the case itself.
 On this CPU-only machine the twin is forced (ATTNVERIFY_JUDGE_ON=cpu-twin) on CPU cases, where it is a distinct
 CPU copy: every verdict, comparison error and bound must be the plain path's, bit for bit, on drawn cases and on
 recipes that reach each feature (gradients, LSE gradients, masks, varlen, GQA, sinks, fp8, dropout's keep mask,
-fully-masked rows, layouts, a KV cache); wrong answers still fail and an in-place write is still caught. Every
+fully-masked rows, declared fully-masked conventions, layouts, a KV cache); wrong answers still fail and an in-place
+write is still caught. Every
 test also checks that the twin path was taken (`judged_on`), so none passes by judging the plain way twice.
 The GPU tests compare the device judge with the twin judge on drawn CUDA cases.
 """
@@ -207,6 +208,34 @@ def test_the_twin_judges_a_kv_cache_case_alike(monkeypatch):
     case = build_case(r)
     plain, twin = _both(monkeypatch, _naive(), case, backward=False)  # KV-cache calls are forward only
     assert plain.status == "passed", plain.message()
+    assert _key(plain) == _key(twin)
+
+
+def _declaring(convention):
+    """naive, with NaN in the rows that see no key (and -inf in their LSE), declaring fully_masked=`convention`."""
+    from attnverify.adapters.base import adapter
+    from attnverify.adapters.naive import naive_attention
+    from attnverify.spec import Output
+
+    @adapter(f"nan-rows-{convention}", register=False, dtypes=("float32", "bfloat16"), devices=("cpu",), attn_mask=True,
+             lse=True, backward=True, gqa=True, fully_masked=convention)
+    def fn(q, k, v, spec):
+        o = naive_attention(q, k, v, spec.replace(return_lse=True))
+        dead = torch.isneginf(o.lse.detach())
+        out = torch.where(dead.unsqueeze(-1), torch.full_like(o.out, float("nan")), o.out)
+        return Output(out, lse=o.lse if spec.return_lse else None)
+
+    return fn
+
+
+@pytest.mark.parametrize("convention", ["nan", "unsupported"])
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
+def test_the_twin_judges_declared_fully_masked_conventions_alike(convention, backward, monkeypatch):
+    case = build_case(CaseRecipe(batch=2, heads_q=2, heads_kv=1, len_q=12, len_k=16, head_dim=16, dtype="float32", seed=5,
+                                 mask="bool_random", masked_rows=(1, 4), return_lse=True))
+    plain, twin = _both(monkeypatch, _declaring(convention), case, backward=backward)
+    assert plain.status == "passed", plain.message()
+    assert any("fully-masked" in n for n in plain.notes), plain.notes  # the convention's branch was taken
     assert _key(plain) == _key(twin)
 
 
