@@ -5,8 +5,8 @@ On this CPU-only machine the twin is forced (ATTNVERIFY_JUDGE_ON=cpu-twin) on CP
 CPU copy: every verdict, comparison error and bound must be the plain path's, bit for bit, on drawn cases and on
 recipes that reach each feature (gradients, LSE gradients, masks, varlen, GQA, sinks, fp8, dropout's keep mask,
 fully-masked rows, declared fully-masked conventions, layouts, a KV cache); wrong answers still fail and an in-place
-write is still caught. Every
-test also checks that the twin path was taken (`judged_on`), so none passes by judging the plain way twice.
+write is still caught. Each comparison of the two paths also checks that the twin path was taken (`judged_on`, the
+twin's note), so none passes by judging the plain way twice.
 The GPU tests compare the device judge with the twin judge on drawn CUDA cases.
 """
 from __future__ import annotations
