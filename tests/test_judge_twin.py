@@ -274,6 +274,35 @@ def test_the_twin_judges_drawn_cases_alike(prop_name, backward, monkeypatch):
     assert not differ, f"{len(differ)} of {len(recipes)} judged otherwise on the twin, first: {differ[:3]}"
 
 
+def test_the_recorded_verdicts_judge_alike_on_the_twin(monkeypatch):
+    """tests/data/verdicts_issue25.json's 84 examples (correct adapters, zoo members with known bugs: a precision bug
+    only the per-case bound catches, an in-place write, a wrong backward, NaN fully-masked rows), judged through their
+    properties: the same status and severity on the twin, bit for bit."""
+    from test_same_verdicts import _adapter, _fixture
+
+    from attnverify.properties import get_property
+
+    rows, differ, twinned = _fixture(), [], 0
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the records were made (two threads on a loaded 2-core machine: 25x slower)
+    try:
+        for r in rows:
+            adapter, prop = _adapter(r["adapter"]), get_property(r["property"])
+            got = {}
+            for mode in ("device", "cpu-twin"):
+                monkeypatch.setenv(ENV, mode)
+                res = prop.run_example(adapter, r["drawn"])
+                got[mode] = (res.status, float(res.severity))
+                if mode == "cpu-twin":
+                    twinned += any(isinstance(c, dict) and c.get("judged_on") == "cpu twin" for c in res.records)
+            if got["device"] != got["cpu-twin"]:
+                differ.append(f"{r['adapter']} / {r['property']}: {got}")
+    finally:
+        torch.set_num_threads(n)
+    assert not differ, "\n".join(differ)
+    assert twinned == len(rows), f"only {twinned} of {len(rows)} examples were judged on the twin"
+
+
 # ------------------------------------------------------------------------------------------ wrong answers still fail
 
 
