@@ -17,6 +17,7 @@ from .callable_module import make_callable
 from .case import Case
 from .compare import Comparison, compare
 from .fp8 import is_fp8
+from .judge_twin import judged_case, judged_on, on_judge, twin_note, upstream
 from .magnitudes import magnitudes, row_levels
 from .reference import reference_backward, reference_forward
 from .spec import Output
@@ -38,6 +39,7 @@ class CheckResult:
     seconds: float = 0.0
     outputs: Dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # adapter's, for diagnosis
     reference: Dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    judged_on: str = ""  # the device the reference and comparisons ran on, or "cpu twin" (attnverify/judge_twin.py)
 
     @property
     def passed(self) -> bool:
@@ -67,6 +69,7 @@ class CheckResult:
             "notes": list(self.notes),
             "seconds": self.seconds,
             "severity": self.severity(),
+            "judged_on": self.judged_on,
         }
 
 
@@ -181,6 +184,9 @@ def check(
     # copies (_leaf): the case's own tensors stay what the adapter was given, so they are what its inputs must
     # still be afterwards (issue 25: no second copy kept for that)
     q, k, v = (_leaf(t, do_bwd) for t in (case.q, case.k, case.v))
+    with phase("case"):  # the judge's case: the case itself, or a CPU twin of a small device case (judge_twin)
+        jcase = judged_case(case, do_bwd)
+    twin = jcase is not case
     try:
         with torch.enable_grad() if do_bwd else torch.no_grad():
             out, lse, keep = unpack_output(adapter(q, k, v, spec))
@@ -189,7 +195,10 @@ def check(
     if spec.dropout_p > 0 and keep is None:
         return CheckResult(adapter.name, case, "skipped", notes=[
             "dropout without a returned keep-mask: checked statistically by test_dropout, not here"], seconds=time.perf_counter() - t0)
-    ref = reference_forward(case.q, case.k, case.v, spec, dropout_mask=keep)
+    j_out, j_lse, j_keep = on_judge(twin, out, lse, keep)  # the adapter's outputs where the judge works
+    if twin:
+        notes.append(twin_note(jcase, case))
+    ref = reference_forward(jcase.q, jcase.k, jcase.v, jcase.spec, dropout_mask=j_keep)
     fm = _fully_masked_rows(ref.lse)
     expected_out, expected_lse = ref.out, ref.lse
     ignore_rows = None
@@ -202,8 +211,8 @@ def check(
         ignore_rows = fm
         notes.append(f"{int(fm.sum())} fully-masked row(s) ignored: {adapter.name} declares them unsupported")
 
-    mags = magnitudes(case)
-    levels = row_levels(case, ref.lse)  # None without an additive bias
+    mags = magnitudes(jcase)
+    levels = row_levels(jcase, ref.lse)  # None without an additive bias
     if levels is not None:
         # a row lifted so far (a padding row filled with -1e9, say) that float32 cannot resolve its scores
         # has no computable answer: no kernel (nor the baseline) can match the shift-invariant exact one
@@ -223,7 +232,7 @@ def check(
     base_ign = ignore_rows  # rows held to NaN by declaration are not compared: not counted in the baseline either
     if any_fm and claims.fully_masked == "nan":
         base_ign = fm if ignore_rows is None else (ignore_rows | fm.to(ignore_rows.device))
-    base = _baseline(case, keep, cache, do_bwd, rows_ignored=base_ign, floors=mags, lse_grad=lse_up) if baseline else None
+    base = _baseline(jcase, j_keep, cache, do_bwd, rows_ignored=base_ign, floors=mags, lse_grad=lse_up) if baseline else None
 
     def tol(name, dtype):
         b = base.get(name) if base else (None, None, None, None)
@@ -234,7 +243,7 @@ def check(
             t = t.rows_at(torch.clamp(levels, min=mags["S"]), loosen=loosen)
         return t
 
-    comps.append(compare("out", out, expected_out, tol("out", case.q.dtype),
+    comps.append(compare("out", j_out, expected_out, tol("out", case.q.dtype),
                          ignore=None if ignore_rows is None else ignore_rows.unsqueeze(-1)))
     if spec.return_lse and claims.lse:
         if lse is None:
@@ -242,40 +251,43 @@ def check(
         else:
             lse_ign = ignore_rows
             if any_fm and claims.fully_masked == "nan":  # -inf is as good as NaN for an LSE here
-                lse = torch.where(fm.to(lse.device) & torch.isneginf(lse.detach()), torch.full_like(lse.detach(), math.nan), lse.detach())
-            comps.append(compare("lse", lse, expected_lse, tol("lse", case.q.dtype), ignore=lse_ign))
+                lse_nan = torch.where(fm.to(lse.device) & torch.isneginf(lse.detach()), torch.full_like(lse.detach(), math.nan), lse.detach())
+                lse, j_lse = lse_nan, on_judge(twin, lse_nan)[0]
+            comps.append(compare("lse", j_lse, expected_lse, tol("lse", case.q.dtype), ignore=lse_ign))
 
-    outputs = {"out": out.detach() if isinstance(out, torch.Tensor) else out}
+    outputs = {"out": out.detach() if isinstance(out, torch.Tensor) else out}  # the adapter's own (device) tensors
     if isinstance(lse, torch.Tensor):
         outputs["lse"] = lse.detach()
     if do_bwd and isinstance(out, torch.Tensor):
         if any_fm and claims.fully_masked == "nan":
             notes.append("gradients not compared: fully-masked rows produce NaN by declaration")
         else:
-            comps += _check_grads(adapter, case, q, k, v, out, lse, keep, gen, tol, ignore_rows, outputs, cache)
+            comps += _check_grads(adapter, jcase, q, k, v, out, lse, j_keep, gen, tol, ignore_rows, outputs, cache, twin)
     after_bad = [n for n, b, t in zip("qkv", (case.q, case.k, case.v), (q, k, v)) if not bitwise_equal(b.detach(), t.detach())]
     if after_bad:
         c = compare("inputs", torch.ones(1), torch.zeros(1, dtype=torch.float64), tolerance_for("out", "float32"))
         c.problems = [f"the adapter modified its input(s) {', '.join(after_bad)} in place"]
         comps.append(c)
     status = "passed" if all(c.passed for c in comps) else "failed"
-    res = CheckResult(adapter.name, case, status, comps, notes=notes, seconds=time.perf_counter() - t0)
+    res = CheckResult(adapter.name, case, status, comps, notes=notes, seconds=time.perf_counter() - t0,
+                      judged_on=judged_on(jcase, case))
     if keep_tensors:
         res.outputs = outputs
         res.reference = {"out": ref.out, "lse": ref.lse}
     return res
 
 
-def _check_grads(adapter, case, q, k, v, out, lse, keep, gen, tol, ignore_rows, outputs, cache):
+def _check_grads(adapter, case, q, k, v, out, lse, keep, gen, tol, ignore_rows, outputs, cache, twin=False):
+    """`case` is the judge's (a CPU twin when `twin`; `keep` there too); q, k, v, out, lse are the adapter's."""
     comps = []
-    d_out = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.device, out.dtype)
+    d_out_a, d_out = upstream(torch.randn(out.shape, generator=gen, dtype=torch.float64), out, twin)
     d_lse = None
-    roots, grads = [out], [d_out]
+    roots, grads = [out], [d_out_a]
     if isinstance(lse, torch.Tensor) and lse.requires_grad:
-        d_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64).to(lse.device, lse.dtype)
+        d_lse_a, d_lse = upstream(torch.randn(lse.shape, generator=gen, dtype=torch.float64), lse, twin)
         # no gradient flows into -inf LSE rows (fully masked): keep the upstream finite there
         roots.append(lse)
-        grads.append(d_lse)
+        grads.append(d_lse_a)
     if d_lse is None and "grads" in cache:
         ref_g = cache["grads"]
     else:
@@ -296,9 +308,10 @@ def _check_grads(adapter, case, q, k, v, out, lse, keep, gen, tol, ignore_rows, 
             c.problems = [why]
             comps.append(c)
         return comps
-    for name, g, r in zip(("dq", "dk", "dv"), got, (ref_g.dq, ref_g.dk, ref_g.dv)):
+    got_j = on_judge(twin, *got)  # copied to the CPU once on a twin
+    for name, g, g_j, r in zip(("dq", "dk", "dv"), got, got_j, (ref_g.dq, ref_g.dk, ref_g.dv)):
         ign = ignore_rows.unsqueeze(-1) if (ignore_rows is not None and name == "dq") else None
-        c = compare(name, g, r, tol(name, case.q.dtype), ignore=ign)
+        c = compare(name, g_j, r, tol(name, case.q.dtype), ignore=ign)
         if g is None:
             c.problems = [f"no gradient reached {name[1]} (autograd returned None)"]
         comps.append(c)

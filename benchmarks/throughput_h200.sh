@@ -6,6 +6,14 @@
 # 1. (skipped with FLASH_T=0) sdpa-flash, forward_matches_reference, dev profile, one worker (-n 1), judged in a
 #    forked child (crash isolation, the default): examples/s of the property (examples / the test item's wall
 #    time). Target: >= 100 examples/s per worker. Then the same with --isolate none, for the cost of isolation.
+#    With FLASH_AB=1 instead: the forked-child run twice, with ATTNVERIFY_JUDGE_ON=device (the judge on the GPU) and
+#    =auto (small cases judged on a CPU twin: attnverify/judge_twin.py), each printing its rate, its verdict digest
+#    (benchmarks/journal_digest.py) and where its checks were judged (CheckResult.judged_on); then an A/B section:
+#    both rates, both digests, and over the examples both runs drew alike (same index, same draw: Hypothesis's
+#    targeting follows the severities, so the draws may part later) the statuses that differ and the severity
+#    ratios auto/device. No --isolate none run then (and no PROFILE_FLASH). The calibration check before flipping
+#    judge_twin.JUDGE_SMALL_ON_CPU: no status differs, and the severities stay near (the twin's baseline rounds in
+#    the CPU's order).
 # 2. triton, the whole dev profile (every property, 25 examples each: --max-examples 25), 4 workers (-n 4),
 #    seed 1, three ways, each against the target <= 120 s wall: (a) an empty Triton cache (TRITON_CACHE_DIR in a
 #    fresh folder) with --prewarm (the run's kernels compiled on every core before the workers start: its time is
@@ -14,7 +22,7 @@
 #    (a) is stopped at PREWARM_T seconds (default 200: the pre-warm of about 620 kernels on 16 cores and the run
 #    after it must both end, so that (b) measures a complete cache), (b) at WARM_T (default 90), (c) only with
 #    COLD_T > 0 (default 0: measured 2026-12-05, 88 examples in 60 s); the split of what a stopped run judged is
-#    printed all the same. The kernels run are the default configuration's (the specialised ones until the perf
+#    printed all the same; a cap of 0 skips that run. The kernels run are the default configuration's (the specialised ones until the perf
 #    gate times the nospec twins: launch.NOSPEC_ON_GPU); ATTNVERIFY_TRITON_VARIANT=nospec runs the twins (662 kernels
 #    for the dev profile instead of 954), for an A/B.
 # Each run's time split (attnverify/timesplit.py: draw, journal, transfer, case, adapter, compile,
@@ -23,7 +31,9 @@
 #
 # $OUT (at most 8 files): summary.md, versions.txt, triton.log (the three runs' output), triton_journals.tar.gz
 # (their journals); with FLASH_T > 0 also flash.log, flash_none.log, flash_results.jsonl, and with
-# PROFILE_FLASH=1 flash_profile.txt: the --isolate none run under cProfile, its top functions.
+# PROFILE_FLASH=1 flash_profile.txt: the --isolate none run under cProfile, its top functions; with FLASH_AB=1
+# flash.log and flash_results.jsonl (the device-judge run), flash_auto.log and flash_auto_results.jsonl instead.
+# Only the A/B, about 2 minutes: FLASH_AB=1 PREWARM_T=0 WARM_T=0 bash benchmarks/throughput_h200.sh
 #
 # Dry run on a CPU (no GPU: the interpreter compiles nothing, so the pre-warm only draws; a few properties):
 #   FLASH=sdpa-math FLASH_T=20 TRITON_K="forward_matches or lse_matches" PREWARM_T=200 WARM_T=60 COLD_T=60 \
@@ -50,18 +60,26 @@ now() { date +%s.%N; }
 summary="$OUT/summary.md"
 { echo "# Fuzzer throughput, $(date -u +%Y-%m-%dT%H:%MZ), $(grep '^gpu' "$OUT/versions.txt")"; echo; } > "$summary"
 
-# 1. sdpa-flash, forward_matches_reference, one worker
-isos="subprocess none"; [ "$FLASH_T" = 0 ] && isos=""
-for iso in $isos; do
-  log="$OUT/flash.log"; [ "$iso" = none ] && log="$OUT/flash_none.log"
-  rep="$W/flash_$iso"
+# 1. sdpa-flash, forward_matches_reference, one worker; each run is ISOLATION:JUDGE (JUDGE: ATTNVERIFY_JUDGE_ON, or
+#    "default": left unset)
+runs="subprocess:default none:default"
+[ "${FLASH_AB:-0}" = 1 ] && runs="subprocess:device subprocess:auto"
+[ "$FLASH_T" = 0 ] && runs=""
+for run in $runs; do
+  iso=${run%%:*}; judge=${run#*:}
+  log="$OUT/flash.log"; [ "$iso" = none ] && log="$OUT/flash_none.log"; [ "$judge" = auto ] && log="$OUT/flash_auto.log"
+  rep="$W/flash_$iso"; [ "$judge" != default ] && rep="$W/flash_${iso}_$judge"
   prof=()
   [ "$iso" = none ] && [ "${PROFILE_FLASH:-0}" = 1 ] && prof=(-m cProfile -o "$W/flash.prof")
+  jenv=(env); [ "$judge" != default ] && jenv=(env ATTNVERIFY_JUDGE_ON="$judge")
   t0=$(now)
   # SIGINT at the cap: pytest stops, cProfile still writes its profile (it would not on SIGTERM)
   # --isolate none runs in this process (-n 0): with -n 1 cProfile would see only xdist's controller waiting
   nw=1; [ "$iso" = none ] && nw=0
-  (cd "$W" && timeout -s INT -k 10 "$FLASH_T" $py "${prof[@]}" -m attnverify.cli run --adapter "$FLASH" --profile dev -n "$nw" --isolate "$iso" \
+  # each run in its own folder: its own (empty) Hypothesis example database, so that the seed draws alike (in one
+  # folder the second run replayed what the first had saved, and its draws parted from the 17th example on)
+  cwd="$W/cwd_flash_${iso}_$judge"; mkdir -p "$cwd"
+  (cd "$cwd" && timeout -s INT -k 10 "$FLASH_T" "${jenv[@]}" $py "${prof[@]}" -m attnverify.cli run --adapter "$FLASH" --profile dev -n "$nw" --isolate "$iso" \
      -k forward_matches_reference --seed 1 --report "$rep" --no-html -q) > "$log" 2>&1
   rc=$?; t1=$(now)
   if [ -f "$W/flash.prof" ]; then
@@ -73,12 +91,16 @@ st.sort_stats("tottime").print_stats(40)
 st.sort_stats("cumulative").print_stats("attnverify|hypothesis/internal/conjecture/(engine|pareto)", 60)
 PY
   fi
-  [ "$iso" = subprocess ] && cp "$rep/results.jsonl" "$OUT/flash_results.jsonl" 2>/dev/null
-  $py - "$rep" "$iso" "$rc" "$t0" "$t1" "$FLASH" "${#prof[@]}" >> "$summary" <<'PY'
+  res_name=flash_results.jsonl; [ "$judge" = auto ] && res_name=flash_auto_results.jsonl
+  [ "$iso" = subprocess ] && cp "$rep/results.jsonl" "$OUT/$res_name" 2>/dev/null
+  $py - "$rep" "$iso" "$rc" "$t0" "$t1" "$FLASH" "${#prof[@]}" "$judge" >> "$summary" <<'PY'
 import sys
+from collections import Counter
 from attnverify.journal import last_run
 from attnverify.split_table import split_rows, split_table
+from benchmarks.journal_digest import digest
 rep, iso, rc, t0, t1 = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+judge = sys.argv[8]
 recs = last_run(rep)
 rows = [r for r in split_rows(recs) if r["property"] == "forward_matches_reference"]
 rate = rows[0]["per_s"] if rows else 0.0
@@ -88,6 +110,7 @@ verdict = ("MET" if rate >= 100 else "NOT MET") if rows else f"NOT MEASURED (exi
 ts = sorted(float(r["t"]) for r in recs if r.get("event") == "result" and r.get("property") == "forward_matches_reference")
 steady = (len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) > 2 and ts[-1] > ts[0] else 0.0
 print(f"## {sys.argv[6]} forward_matches_reference, dev profile, -n {1 if iso != 'none' else 0}, --isolate {iso}"
+      + (f", ATTNVERIFY_JUDGE_ON={judge}" if judge != "default" else "")
       + (" (under cProfile: slower than without it)" if sys.argv[7] != "0" else "") + "\n")
 print(f"exit {rc}; command wall {t1 - t0:.1f} s (startup included); "
       f"{rows[0]['examples'] if rows else 0} examples in {rows[0]['wall'] if rows else 0:.2f} s of the test item: "
@@ -96,6 +119,9 @@ print(f"exit {rc}; command wall {t1 - t0:.1f} s (startup included); "
 print(split_table(recs))
 # a cost that falls as the run goes on is a first use (a kernel loaded, a cuBLAS plan, an allocation), not per example
 res = [r for r in recs if r.get("event") == "result" and r.get("property") == "forward_matches_reference"]
+dg = digest(rep)
+on = Counter(c.get("judged_on") or "?" for r in res for c in (r.get("records") or []) if isinstance(c, dict))
+print(f"\nverdict digest {dg['verdicts']} (draws {dg['draws']}) over {dg['examples']} examples; checks judged on: {dict(on)}")
 if len(res) > 40:
     def mean(rs, k):
         return 1000 * sum((r.get("split") or {}).get(k, 0.0) for r in rs) / len(rs)
@@ -104,6 +130,43 @@ if len(res) > 40:
 print()
 PY
 done
+
+# 1b. the A/B of the judge's device (FLASH_AB=1): both rates and digests, and the examples both runs drew alike
+if [ "${FLASH_AB:-0}" = 1 ] && [ "$FLASH_T" != 0 ]; then
+  $py - "$W/flash_subprocess_device" "$W/flash_subprocess_auto" >> "$summary" <<'PY'
+import json, os, sys
+from attnverify.journal import last_run
+from attnverify.split_table import split_rows
+from benchmarks.journal_digest import digest
+print("## A/B: ATTNVERIFY_JUDGE_ON=device vs auto (sdpa-flash forward_matches_reference, dev, -n 1)\n")
+runs = {}
+for label, path in zip(("device", "auto"), sys.argv[1:3]):
+    if not os.path.exists(os.path.join(path, "results.jsonl")):
+        print(f"{label}: no journal (the run did not start; see its log)\n")
+        continue
+    recs = last_run(path)
+    rows = [r for r in split_rows(recs) if r["property"] == "forward_matches_reference"]
+    ts = sorted(float(r["t"]) for r in recs if r.get("event") == "result" and r.get("property") == "forward_matches_reference")
+    steady = (len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) > 2 and ts[-1] > ts[0] else 0.0
+    dg = digest(path)
+    print(f"- {label}: **{rows[0]['per_s'] if rows else 0.0:.1f} examples/s** (after the first example {steady:.1f}/s), "
+          f"{dg['examples']} examples, verdict digest {dg['verdicts']}, draws digest {dg['draws']}")
+    drawn = {(r.get("property"), r.get("index")): json.dumps(r.get("drawn"), sort_keys=True) for r in recs
+             if r.get("event") == "case_start"}
+    runs[label] = {k: (drawn.get(k), r.get("status"), float(r.get("severity") or 0.0)) for r in recs
+                   if r.get("event") == "result" for k in [(r.get("property"), r.get("index"))]}
+if len(runs) == 2:
+    a, b = runs["device"], runs["auto"]
+    alike = sorted(k for k in set(a) & set(b) if a[k][0] == b[k][0])
+    parted = sorted(k for k in set(a) & set(b) if a[k][0] != b[k][0])
+    differ = [k for k in alike if a[k][1] != b[k][1]]
+    ratios = sorted(b[k][2] / a[k][2] for k in alike if a[k][2] > 0 and b[k][2] > 0)
+    print(f"\n{len(alike)} examples drawn alike by both (first parting draw: {parted[0] if parted else 'none'}): "
+          f"**{len(differ)} statuses differ**{' ' + str([(k, a[k][1], b[k][1]) for k in differ[:5]]) if differ else ''}; "
+          + (f"severity auto/device min {ratios[0]:.3f}, median {ratios[len(ratios) // 2]:.3f}, max {ratios[-1]:.3f} "
+             f"over {len(ratios)}" if ratios else "no severities to compare") + "\n")
+PY
+fi
 
 # 2. triton, every property of the dev profile, 25 examples each, 4 workers, seed 1, three ways:
 #    prewarm: an empty Triton cache and --prewarm (the run's kernels compiled on every core first; its time counts)
@@ -165,8 +228,8 @@ PREWARM_T=${PREWARM_T:-${TRITON_T:-200}}
 WARM_T=${WARM_T:-90}
 COLD_T=${COLD_T:-0}
 s0=$(now)
-run_triton prewarm "$W/cache_a" "$PREWARM_T" --prewarm
-run_triton warm "$W/cache_a" "$WARM_T"
+[ "$PREWARM_T" -gt 0 ] && run_triton prewarm "$W/cache_a" "$PREWARM_T" --prewarm
+[ "$WARM_T" -gt 0 ] && run_triton warm "$W/cache_a" "$WARM_T"
 [ "$COLD_T" -gt 0 ] && run_triton cold "$W/cache_b" "$COLD_T"
 # same seed, same draws and verdicts? (the examples every run judged, by property and index)
 $py - "$W" >> "$summary" <<'PY'
@@ -182,6 +245,9 @@ for label in ("prewarm", "warm", "cold"):
              if r.get("event") == "case_start"}
     runs[label] = {(r.get("property"), r.get("index")): (drawn.get((r.get("property"), r.get("index"))), r.get("status"),
                    round(float(r.get("severity") or 0), 9)) for r in recs if r.get("event") == "result"}
+if not runs:
+    print("## Same seed, same verdicts\n\n(no triton run: PREWARM_T=WARM_T=COLD_T=0)\n")
+    sys.exit(0)
 common = set.intersection(*(set(v) for v in runs.values()))
 differ = sorted(k for k in common if len({runs[l][k] for l in runs}) > 1)
 print(f"## Same seed, same verdicts\n\n{len(common)} examples judged by all {len(runs)} runs ({', '.join(runs)}; same property and index): "
