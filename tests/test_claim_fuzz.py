@@ -108,6 +108,8 @@ def test_claim_sets_cover_every_keyword_of_adapter():
               "deterministic"):
         assert {d[f] for d in seen} == {True, False}, f
     assert {d["fully_masked"] for d in seen} == {"zeros", "nan", "unsupported"}
+    assert {d["keyless_lse"] for d in seen} == {"-inf", "+inf"}
+    assert all(d["fully_masked"] == "zeros" and d["lse"] for d in seen if d["keyless_lse"] == "+inf")
     assert {d["memory"] for d in seen} == {"quadratic", "linear"}
     assert any(d["tiles"] for d in seen) and any(d["tiles"] is None for d in seen)
     assert {d["refuses"] for d in seen} >= {"odd_length", "head_dim_above_32", "bottom_right_lq_gt_lk", "unaligned_pointer"}
