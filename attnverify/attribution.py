@@ -6,10 +6,10 @@ softcap, ALiBi, dropout off; Lq and Lk -> a multiple of the claimed tile, and ->
 when it was not a multiple); dtype -> float32 when claimed; layout -> contiguous; D -> another claimed
 head dim; Dv -> D; scale -> default; values -> plain N(0, 1); LSE off; NaN/Inf inputs off; and for a
 property judging gradients, the forward alone. A neighbour that passes means the failure needs the
-feature; one that still fails means it holds without it; one that cannot be judged (not claimed, or not
-a case the property judges) leaves the feature untested:
+feature ("fails only with" it); one that still fails means it holds without it ("still fails with" the
+neighbour); one that cannot be judged (not claimed, or not a case the property judges) leaves it untested:
 
-    needs B >= 2; needs Lk not a multiple of 64; holds with causal=none
+    fails only with B >= 2; fails only with Lk not a multiple of 64; still fails with causal=none
 
 Every neighbour is judged through the run's runner, i.e. in the forked judging child under crash
 isolation (attnverify.isolation): the driving process only edits recipes (plain data) and inspects CPU
@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .attribution_cache import cache_why, fix_cache
 from .attribution_calls import backward_only, judged_nothing, through_calls, with_params
+from .attribution_text import attribution_text
 from .case import CaseRecipe
 
 DEFAULT_TILE = 64  # the tile used for the length neighbours when the adapter claims none
@@ -103,8 +104,7 @@ class Attribution:
                 if v.verdict == "needed" and v.feature in FEATURES]
 
     def text(self) -> str:
-        parts = [f"needs {n}" for n in self.needs] + [f"holds with {h}" for h in self.holds]
-        text = "; ".join(parts) or "no single-feature neighbour could be judged"
+        text = attribution_text(self.needs, self.holds) or "no single-feature neighbour could be judged"
         return f"seen through {self.through} (forward_matches_reference fails there): {text}" if self.through else text
 
     def signature(self) -> str:

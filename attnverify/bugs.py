@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List, Optional
 
+from .attribution_text import needs_text
 from .origin import display_path as _rel
 
 
@@ -116,8 +117,7 @@ def summary_lines(infos: Iterable[dict]) -> List[str]:
         return []
     lines = [headline(groups)]
     for k, g in enumerate(groups, 1):
-        needs = "; ".join(f"needs {n}" for n in g["needs"]) or "needs none of the features varied"
-        lines.append(f"bug {k} [{g['signature']}]: {needs}")
+        lines.append(f"bug {k} [{g['signature']}]: {needs_text(g['needs'])}")
         lines.append(f"    seen by {len(g['properties'])}: {', '.join(g['properties'])} ({', '.join(g['adapters'])})")
         lines.append(f"    smallest case: {g['describe']}")
         if g["repro"]:

@@ -23,7 +23,7 @@ from .reference import reference_backward, reference_forward
 from .spec import Output
 from .tolerances import SCORE_U, UNIT_ROUNDOFF, tolerance_for
 from .timesplit import phase, timed
-from .verdicts import bitwise_equal, severity
+from .verdicts import bitwise_equal, keyless_lse_expected, severity
 
 STATUSES = ("passed", "failed", "error", "skipped")
 
@@ -210,6 +210,10 @@ def check(
     elif any_fm and claims.fully_masked == "unsupported":
         ignore_rows = fm
         notes.append(f"{int(fm.sum())} fully-masked row(s) ignored: {adapter.name} declares them unsupported")
+    elif any_fm and spec.return_lse and claims.keyless_lse != "-inf":
+        expected_lse = keyless_lse_expected(ref.lse, claims.keyless_lse)
+        notes.append(f"{int(fm.sum())} row(s) with no visible key: LSE held to the declared keyless_lse="
+                     f"{claims.keyless_lse!r}")
 
     mags = magnitudes(jcase)
     levels = row_levels(jcase, ref.lse)  # None without an additive bias

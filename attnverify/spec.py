@@ -8,6 +8,9 @@ from typing import Any, Optional, Tuple
 
 CAUSAL_MODES = ("none", "top_left", "bottom_right")
 FULLY_MASKED_MODES = ("zeros", "nan", "unsupported")
+# the LSE a row with no visible key (and no sink) returns under fully_masked="zeros": "-inf" (the reference's log 0),
+# or "+inf" (FlashMLA and FA2/FA3 store it so that a backward's exp(s - lse) is 0)
+KEYLESS_LSE_MODES = ("-inf", "+inf")
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
     severity(comparisons)            worst error as a multiple of its tolerance (>1 fails); 1e30 for "infinite"
     bitwise_equal(a, b)              same shape and the same bits (NaN where NaN), nothing else
     bitwise_difference(a, b)         None when bitwise equal, else "in N element(s), max difference X"
+    keyless_lse_expected(lse, mode)  the reference's LSE in an adapter's declared keyless_lse convention
     compare_pairs(pairs, ...)        {name: (got, expected)} -> Comparisons with the check's tolerances
     comparison_verdict(comps, ...)   (passed, severity, message) of a property that compared pairs
 
@@ -68,6 +69,20 @@ def bitwise_difference(a, b) -> Optional[str]:
     differ = ~((x == y) | (torch.isnan(x) & torch.isnan(y)))  # NaN where the other has NaN is no difference
     d = torch.nan_to_num((x - y).abs()[differ], nan=math.inf)  # NaN against a number: infinitely far
     return f"in {int(differ.sum())} element(s), max difference {float(d.max()):.3g}"
+
+
+def keyless_lse_expected(expected, keyless_lse: str = "-inf"):
+    """An expected LSE in the convention an adapter declares for rows with no visible key (`keyless_lse`).
+
+    In the reference an LSE is -inf exactly on such rows (a row with a finite sink has LSE = the sink: not keyless);
+    under keyless_lse="+inf" (FlashMLA, FA2/FA3's stored softmax_lse) those rows are expected +inf instead, so a -inf
+    there fails as a +inf does under the default. Finite values (and a float64 value that only rounds to -inf in
+    float32) are left alone. Every place that puts the reference's LSE on the expected side of a comparison with an
+    adapter's applies it, with that adapter's claim (a baseline's naive keeps -inf); a pair of the adapter against
+    itself needs none (the same convention on both sides)."""
+    if keyless_lse == "-inf" or not isinstance(expected, torch.Tensor):
+        return expected
+    return torch.where(torch.isneginf(expected), torch.full_like(expected, math.inf), expected)
 
 
 def compare_pairs(

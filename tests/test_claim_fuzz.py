@@ -108,6 +108,8 @@ def test_claim_sets_cover_every_keyword_of_adapter():
               "deterministic"):
         assert {d[f] for d in seen} == {True, False}, f
     assert {d["fully_masked"] for d in seen} == {"zeros", "nan", "unsupported"}
+    assert {d["keyless_lse"] for d in seen} == {"-inf", "+inf"}
+    assert all(d["fully_masked"] == "zeros" and d["lse"] for d in seen if d["keyless_lse"] == "+inf")
     assert {d["memory"] for d in seen} == {"quadratic", "linear"}
     assert any(d["tiles"] for d in seen) and any(d["tiles"] is None for d in seen)
     assert {d["refuses"] for d in seen} >= {"odd_length", "head_dim_above_32", "bottom_right_lq_gt_lk", "unaligned_pointer"}
@@ -178,3 +180,20 @@ def test_a_linear_memory_claim_set_serves_causal_cache_calls(tmp_path):
     rows = run_claim_set(desc, [get_property("kv_cache_append"), get_property("batch_invariance")], max_examples=3,
                          report_dir=str(tmp_path))
     assert [r["outcome"] for r in rows] == ["passed", "passed"], rows
+
+
+def test_a_claim_set_with_keyless_lse_plus_inf_passes_and_its_wrong_kernel_fails(tmp_path):
+    """keyless_lse='+inf' drawn by the fuzz: the strict wrapper returns +inf on keyless rows, as the claim says, and
+    passes the properties that read those rows; the zoo's fm_nan engine (NaN there) still fails fully_masked_rows."""
+    desc = {"dtypes": ["float32"], "devices": ["cpu"], "head_dims": [16], "max_seqlen": 16,
+            "causal": ["none", "bottom_right"], "window": False, "softcap": False, "alibi": False, "attn_mask": True,
+            "gqa": False, "varlen": False, "dropout": False, "backward": True, "lse": True, "dv_ne_d": False,
+            "deterministic": False, "fully_masked": "zeros", "keyless_lse": "+inf", "tiles": None,
+            "memory": "quadratic", "refuses": None, "known": None}
+    a = strict_adapter(desc)
+    assert a.claims.keyless_lse == "+inf"
+    props = [get_property(n) for n in ("fully_masked_rows", "lse_matches_reference", "row_shift_invariance")]
+    rows = run_claim_set(desc, props, max_examples=5, report_dir=str(tmp_path))
+    assert [r["outcome"] for r in rows] == ["passed"] * 3, rows
+    rows = run_claim_set(desc, props[:1], max_examples=5, bug="fm_nan", report_dir=str(tmp_path))
+    assert rows[0]["outcome"] == "failed", rows

@@ -99,7 +99,9 @@ def test_attribution_names_what_a_failure_needs_and_what_it_does_not():
         drawn = {"recipe": CaseRecipe(len_q=3, len_k=5, head_dim=16).to_dict()}
         a = attribute(F, two_bugs, drawn, runner, profile="ci")
         assert a.needs == ["Lk not a multiple of 32"] and "Lq = Lk" in a.holds, a.text()
-        assert a.text().startswith("needs Lk not a multiple of 32; holds with")
+        # the words say which way each verdict went: the neighbour with Lk a multiple of 32 passed, Lq = Lk still failed
+        assert a.text().startswith("fails only with Lk not a multiple of 32; still fails with"), a.text()
+        assert "needs" not in a.text() and "holds with" not in a.text(), a.text()
         a = attribute(G, two_bugs, drawn, runner, profile="ci")
         assert "the forward alone" in a.holds, a.text()  # the bug is in the forward
     finally:
@@ -206,7 +208,7 @@ def mine(q, k, v, spec):
                            "--attn-seed=3", "-k", "forward_matches or batch_head", "-p", "no:cacheprovider")
     out = r.stdout.str()
     assert "1 distinct bug (seen by 2 properties)" in out, out[-3000:]
-    assert "needs B >= 2" in out
+    assert "bug 1 [" in out and "]: fails only with B >= 2" in out, out[-3000:]
     recs = [json.loads(x) for x in (pytester.path / "reports" / "results.jsonl").read_text().splitlines()]
     bugs = [x for x in recs if x["event"] == "bug"]
     assert len(bugs) == 1 and bugs[0]["needs"] == ["B >= 2"] and bugs[0]["adapter"] == "mine"
@@ -217,7 +219,7 @@ def mine(q, k, v, spec):
     first_end = next(i for i, x in enumerate(recs) if x["event"] == "test_end" and x["outcome"] == "failed")
     assert recs.index(bugs[0]) < first_end
     html = (pytester.path / "reports" / "index.html").read_text()
-    assert "1 distinct bug (seen by 2 properties)" in html and "needs B &gt;= 2" in html
+    assert "1 distinct bug (seen by 2 properties)" in html and "fails only with B &gt;= 2" in html
 
 
 def test_max_bugs_option_is_checked(pytester):

@@ -157,6 +157,33 @@ def test_the_diagnosis_names_the_mla_bugs(bug):
 # ------------------------------------------------------------------------------- findings fixed in attnverify
 
 
+def test_flashmla_keyless_rows_are_declared_not_converted():
+    """Before: keyless_lse did not exist, FlashMLA's +inf LSE on a row with no attendable key was not the reference's
+    -inf, and the adapter left such rows unclaimed (fully_masked unsupported: mla_latent_views kept Lq <= Lk under
+    causal). Now it claims fully_masked="zeros", keyless_lse="+inf" and its kernel's LSE passes as it comes; the same
+    kernel under the default claim, or one that rewrites the LSE to -inf under "+inf", fails on those rows."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 9, 576, generator=g).bfloat16()
+    lat = torch.randn(1, 1, 5, 576, generator=g).bfloat16()
+    case = Case(q, lat, lat[..., :512], av.Spec(causal="bottom_right", return_lse=True))  # rows 0-3 see no key
+    res = av.check(F.flashmla_like, case)
+    assert res.status == "passed", res.message()
+    assert torch.isposinf(res.outputs["lse"][0, :, :4]).all() and (res.outputs["out"][0, :, :4] == 0).all()
+    kw = {k: v for k, v in F.DECODE_CLAIMS.items() if k != "keyless_lse"}
+    default = av.adapter("flashmla-like-default-keyless", register=False, **kw)(F.flashmla_like.fn)
+
+    def rewritten(q, k, v, spec):
+        o = F.flashmla_like.fn(q, k, v, spec)
+        return av.Output(o.out, lse=torch.where(torch.isposinf(o.lse), torch.full_like(o.lse, float("-inf")), o.lse))
+
+    minus = av.adapter("flashmla-like-minus-inf", register=False, **F.DECODE_CLAIMS)(rewritten)
+    for a, shown in ((default, "got inf, expected -inf"), (minus, "got -inf, expected inf")):
+        bad = av.check(a, case)
+        assert [c.name for c in bad.failing()] == ["lse"] and shown in bad.message(), bad.message()
+        n, _, msg = _caught("mla_latent_views", a)  # the property's corpus holds such a case: found at once
+        assert n <= 2 and "lse: MISMATCH" in msg, msg[-1500:]
+
+
 def test_latent_kv_needs_the_mla_claims_and_says_so():
     with pytest.raises(ValueError, match=r"latent_kv=\.\.\.\).*claim dv_ne_d=True and the head dims of a pair"):
         av.adapter("lat", register=False, head_dims=(576, 512), latent_kv=True)(lambda q, k, v, s: q)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
 
-from ..spec import CAUSAL_MODES, FULLY_MASKED_MODES
+from ..spec import CAUSAL_MODES, FULLY_MASKED_MODES, KEYLESS_LSE_MODES
 from ..devices import cuda_present
 from ..timesplit import phase
 
@@ -41,6 +41,9 @@ class Claims:
     lse: bool = False
     dv_ne_d: bool = False  # value head dim may differ from the query/key head dim
     fully_masked: str = "unsupported"
+    # with fully_masked="zeros" and lse: the LSE of a row with no visible key (and no sink), "-inf" (the reference's)
+    # or "+inf" (FlashMLA's, FA2/FA3's stored softmax_lse); verdicts.keyless_lse_expected is the one rule
+    keyless_lse: str = "-inf"
     deterministic: bool = False
     tiles: Optional[Tuple[int, int]] = None
     memory: str = "quadratic"
@@ -94,6 +97,7 @@ class Claims:
             + (f" tiles={self.tiles}" if self.tiles else "")
             + (f" num_splits={','.join(map(str, self.num_splits))}" if self.num_splits else "")
             + (f" sink_dtype={self.sink_dtype}" if self.sink_dtype != "float32" else "")
+            + (f" keyless_lse={self.keyless_lse}" if self.keyless_lse != "-inf" else "")
             + (" " + " ".join(feats) if feats else "")
         )
 
@@ -139,6 +143,12 @@ def _validate_claims(name: str, kw: dict) -> Claims:
         c["head_dims"] = hd
     if c.get("fully_masked", "unsupported") not in FULLY_MASKED_MODES:
         raise bad("fully_masked", f"must be one of {FULLY_MASKED_MODES}")
+    if c.get("keyless_lse", "-inf") not in KEYLESS_LSE_MODES:
+        raise bad("keyless_lse", f"{c['keyless_lse']!r}: use one of {KEYLESS_LSE_MODES} (the LSE your kernel returns on "
+                                 f"a row with no visible key; FlashMLA's is '+inf')")
+    if c.get("keyless_lse", "-inf") != "-inf" and (c.get("fully_masked") != "zeros" or not c.get("lse")):
+        raise bad("keyless_lse", "is the LSE of a keyless row whose output is 0: claim fully_masked='zeros' and lse=True "
+                                 "too, or leave keyless_lse out")
     if c.get("memory", "quadratic") not in MEMORY_MODES:
         raise bad("memory", f"must be one of {MEMORY_MODES}")
     if c.get("tiles") is not None:

@@ -53,7 +53,8 @@ class LseMatchesReference(CaseProperty):
 
 class FullyMaskedRows(CaseProperty):
     name = "fully_masked_rows"
-    doc = "Rows with no visible key follow the declared convention (zeros or NaN) in out, LSE and gradients."
+    doc = ("Rows with no visible key follow the declared convention (zeros, with the LSE keyless_lse declares, or NaN) "
+           "in out, LSE and gradients.")
     case_kwargs = dict(dropout=False, poison=False, fully_masked=True)
     backward_cases = True
 
@@ -81,7 +82,9 @@ class FullyMaskedRows(CaseProperty):
         if not res.passed:
             fm = int(torch.isneginf(reference_forward(case.q, case.k, case.v, case.spec).lse).sum()) \
                 if case.spec.dropout_p == 0 else -1
-            out.message += f"\nnote: {fm} fully-masked row(s) in this case; declared convention: {adapter.claims.fully_masked}"
+            kl = adapter.claims.keyless_lse
+            conv = adapter.claims.fully_masked + (f", keyless_lse={kl!r}" if kl != "-inf" else "")
+            out.message += f"\nnote: {fm} fully-masked row(s) in this case; declared convention: {conv}"
         return out
 
 

@@ -159,10 +159,13 @@ def _search(excluded, round_i, *, prop, adapter, profile, seed, max_examples, de
     def fresh(drawn) -> bool:
         return not any(matches(n, drawn.get("recipe") if isinstance(drawn, dict) else None) for n in excluded)
 
-    from ..strategies import forget_refusal
+    from ..strategies import Unclaimable, forget_refusal
 
     forget_refusal(adapter.name)  # a skip below says why *this* property's draws were refused
-    st_ = prop.strategy(adapter, profile, device)
+    try:
+        st_ = prop.strategy(adapter, profile, device)
+    except Unclaimable as e:  # certain from the claims: no Hypothesis budget spent finding it out, and the claim named
+        raise PropertySkipped(f"{adapter.name} accepts none of the cases {prop.name} draws: {e}") from None
     if excluded:
         st_ = st_.filter(fresh)  # its own database key below, so a stored failure of this round replays
     corpus = list(prop.examples(adapter, profile, device)) if use_corpus else []

@@ -21,6 +21,7 @@ from ..case import DTYPES, Case
 from ..check import unpack_output
 from ..reference import reference_forward
 from ..spec import Spec
+from ..verdicts import keyless_lse_expected
 from .base import ExampleResult, Property
 from .serving import judge_pairs
 
@@ -90,10 +91,12 @@ class MlaLatentViews(Property):
         c = adapter.claims
         dt = [d for d in c.dtypes if not d.startswith("float8")][0]
         cap = c.max_seqlen or 9
-        return [{"dims": list(claimed_dims(c)[0]), "heads_q": 2 if c.gqa else 1, "batch": 1, "len_q": min(5, cap),
-                 "len_k": min(9, cap),
-                 "dtype": dt,
-                 "causal": c.causal[-1], "seed": 0}]
+        first = {"dims": list(claimed_dims(c)[0]), "heads_q": 2 if c.gqa else 1, "batch": 1, "len_q": min(5, cap),
+                 "len_k": min(9, cap), "dtype": dt, "causal": c.causal[-1], "seed": 0}
+        if "bottom_right" in c.causal and c.fully_masked == "zeros" and cap >= 2:
+            # rows with no visible key (bottom-right, Lq > Lk): out 0 and the LSE of the declared keyless_lse
+            return [first, {**first, "len_q": min(9, cap), "len_k": min(5, cap - 1), "causal": "bottom_right"}]
+        return [first]
 
     def rebuild_case(self, drawn, device: str) -> Case:
         """The example's case again (q, and K and V views of one latent): what its evidence re-runs and diagnoses
@@ -127,7 +130,7 @@ class MlaLatentViews(Property):
             ref = reference_forward(c.q, c.k, c.k[..., :dv], spec)
             out = {"out": (o1, ref.out), "out_views_vs_copies": (o1, o2.double().cpu())}
             if spec.return_lse:
-                out["lse"] = (lse1, ref.lse)
+                out["lse"] = (lse1, keyless_lse_expected(ref.lse, a.claims.keyless_lse))
             if grad:
                 out["d_latent"] = (g1, g2.double().cpu())
             return out

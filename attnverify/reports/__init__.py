@@ -28,12 +28,17 @@ RESULT_KEY = "attnverify_result"  # item.user_properties key / item attribute th
 def _env():
     import jinja2
 
-    return jinja2.Environment(
+    from ..attribution_text import NO_NEED, needed
+
+    env = jinja2.Environment(
         loader=jinja2.PackageLoader("attnverify.reports", "templates"),
         autoescape=True,  # everything: adapter names, messages and tracebacks come from adapters
         undefined=jinja2.ChainableUndefined,
         trim_blocks=True, lstrip_blocks=True,
     )
+    env.filters["needed"] = needed  # an attribution's words (attnverify.attribution_text)
+    env.globals["no_need"] = NO_NEED
+    return env
 
 
 def _write(path: str, text: str) -> None:

@@ -30,6 +30,11 @@ _FP8 = ("float8_e4m3fn", "float8_e5m2")
 _LAST_REFUSAL: Dict[str, str] = {}
 
 
+class Unclaimable(InvalidArgument):
+    """The adapter's claims leave nothing this strategy can draw (a property then skips at once, with this reason:
+    properties.driver). Raised only where it is certain; every other case goes to Hypothesis."""
+
+
 def last_refusal(adapter_name: str) -> Optional[str]:
     """Why the adapter's claims or `refuses` turned down the last case drawn for it (None: none was)."""
     return _LAST_REFUSAL.get(adapter_name)
@@ -183,6 +188,9 @@ def attention_cases(
     hd = head_dim_candidates(claims, limits.head_dims)
     if not hd:
         raise InvalidArgument(f"profile={limits.name!r}: {adapter.name} claims none of the head dims {limits.head_dims}")
+    why = _unclaimable(adapter, limits, min_seqlen, mx, hd, cz_t, tri)
+    if why:
+        raise Unclaimable(why)
     cfg = _Cfg(adapter, limits, dev, want, min_seqlen, mx, batch, cz_t, tri["gqa"], tri["window"], tri["softcap"],
                tri["alibi"], tri["attn_mask"], tri["varlen"], tri["dropout"], tri["return_lse"], tri["extreme_values"],
                lay_t, tri["poison"], tri["fully_masked"], tri["lq_ne_lk"], tri["dv_ne_d"], tri["scale"],
@@ -193,6 +201,26 @@ def attention_cases(
 def cases(**kwargs):
     """Like `attention_cases`, but yields built `Case`s (tensors made)."""
     return attention_cases(**kwargs).map(build_case)
+
+
+def _unclaimable(adapter, limits, mn, mx, head_dims, causal_t, tri) -> Optional[str]:
+    """Why no draw can hold what the switches force within the claims, naming the claim; None when one can (or when
+    it is not certain: a length, a switch given as a strategy is left to Hypothesis)."""
+    c = adapter.claims
+    cap = (f"max_seqlen={c.max_seqlen}" if c.max_seqlen <= limits.max_len
+           else f"lengths up to {limits.max_len} (the {limits.name} profile)")
+    if isinstance(mx, int) and mx < 2:
+        # an empty key segment (varlen, fully-masked rows allowed, min_seqlen 0) is the one way to Lq != Lk then
+        empty_keys = c.varlen and tri["varlen"] is not False and tri["fully_masked"] is not False \
+            and c.fully_masked != "unsupported" and not (isinstance(mn, int) and mn >= 1)
+        if tri["lq_ne_lk"] is True and not empty_keys:
+            return f"{adapter.name} claims {cap}: Lq != Lk needs two positions"
+        if tri["fully_masked"] is True and set(_fm_sources(c, causal_t, tri)) <= {"bottom_right", "window"}:
+            return (f"{adapter.name} claims {cap}: a row with no visible key needs Lq > Lk (bottom-right causal or a "
+                    f"window; attn_mask and varlen, which mask a row at any length, are not claimed)")
+    if tri["dv_ne_d"] is True and len(head_dims) < 2:
+        return f"{adapter.name} claims one head dim ({head_dims[0]}) here: Dv != D needs two"
+    return None
 
 
 def _fm_sources(claims, causal_t, tri) -> Tuple[str, ...]:

@@ -15,6 +15,8 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
+from ..attribution_text import needs_text
+
 
 @dataclass
 class BugCount:
@@ -102,7 +104,7 @@ def row_text(c: BugCount) -> str:
              f"planted bugs found as their own entry; {c.examples} examples, {c.seconds:.1f}s)"]
     for g in c.found:
         name = c.planted_of.get(g["signature"])
-        lines.append(f"{'':38s}[{g['signature']}] needs {'; '.join(g['needs']) or 'nothing varied'} -> "
+        lines.append(f"{'':38s}[{g['signature']}] {needs_text(g['needs'])} -> "
                      + (f"planted {name}" if name else f"NOT PLANTED: {g['describe']}")
                      + f" (seen by {', '.join(g['properties'])})")
     for name, sig in c.matched.items():

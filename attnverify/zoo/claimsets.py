@@ -2,7 +2,8 @@
 
 `claim_sets()` draws the keywords of `@av.adapter` -- dtype subsets (single half types included), head
 dims as tuples (one value included) and predicates, max_seqlen down to 1, every subset of causal
-alignments, each feature flag, fully_masked, tiles, memory, `refuses` callables and known_failures with
+alignments, each feature flag, fully_masked (with keyless_lse, the LSE of a keyless row: -inf or +inf), tiles, memory,
+`refuses` callables and known_failures with
 and without `match`; in the wide slice also the serving claims (KV caches, page sizes, append, left
 padding, num_splits, sinks, chunked attention) and fp8 dtypes with or without descales -- as JSON-able
 descriptions. `strict_adapter(desc)` makes an adapter with those
@@ -120,6 +121,9 @@ def claim_sets(draw, *, wide: bool = False):
     # sink logits taken in the input dtype (onnxruntime's head_sink of type T): the implementation then rounds them
     # there, as such an interface does
     desc["sink_dtype"] = draw(st.sampled_from(("float32", "input"))) if desc["sinks"] else "float32"
+    # the LSE of a row with no visible key: FlashMLA's (and FA2/FA3's stored) "+inf" where the claim can be made
+    desc["keyless_lse"] = draw(st.sampled_from(("-inf", "+inf"))) if desc["fully_masked"] == "zeros" and desc["lse"] \
+        else "-inf"
     # latent_kv needs the MLA head dims (576/512, 192/128), which these claim sets do not draw: it is exercised by
     # tests/test_stranger_mla_chunk.py (a FlashMLA-like decode kernel) instead
     desc["latent_kv"] = False
@@ -215,6 +219,8 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
         kw["num_splits"] = tuple(desc["num_splits"])
     if desc.get("sink_dtype", "float32") != "float32":
         kw["sink_dtype"] = desc["sink_dtype"]
+    if desc.get("keyless_lse", "-inf") != "-inf":
+        kw["keyless_lse"] = desc["keyless_lse"]
     if desc.get("page_sizes"):
         kw["page_sizes"] = tuple(desc["page_sizes"])
     known = None
@@ -240,6 +246,8 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
         out, lse = res.out, res.lse if spec.return_lse else None
         if desc["fully_masked"] == "nan":
             out, lse = _fully_masked_nan(out, lse, torch.isneginf(res.lse.detach()))
+        elif kw.get("keyless_lse") == "+inf" and isinstance(lse, torch.Tensor):  # the convention the claim declares
+            lse = torch.where(torch.isneginf(lse.detach()), torch.full_like(lse, math.inf), lse)
         return Output(out, lse=lse, dropout_mask=res.dropout_mask if bug is None else None)
 
     a = adapter(name or ("claimfuzz" if bug is None else f"claimfuzz-{bug.replace('_', '-')}"), register=False,

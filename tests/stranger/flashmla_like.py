@@ -14,7 +14,8 @@ Decode (``flash_mla_with_kvcache``, FlashMLA's README and its docstring; plain t
 - ``softmax_scale`` defaults to 1 / sqrt(576); ``causal`` is bottom-right aligned (FlashMLA's reference:
   ``tril(diagonal=s_k - s_q)``), for MTP / speculative decoding with seq_len_q > 1;
 - returns ``out`` (batch, seq_len_q, num_heads_q, 512) in q's dtype and ``lse`` (batch, num_heads_q, seq_len_q)
-  float32, natural log; bfloat16 and float16; forward only.
+  float32, natural log; a query row with no attendable key gets out 0 and lse +inf (FlashMLA's tests/ref.py: "Correct
+  for q tokens which has no attendable k": ``lse[lonely_q_mask] = float("+inf")``); bfloat16 and float16; forward only.
 
 Prefill (FlashMLA's dense "MHA mode": ``flash_attn_varlen_func``-like, head_dim_qk 192 = 128 nope + 64 rope, head_dim_v
 128, separate k and v, forward and backward): ``mla_prefill(q, k, v, softmax_scale=None, causal=False)`` on BSHD tensors.
@@ -119,6 +120,10 @@ DECODE_CLAIMS = dict(
     gqa=True,  # h_q query heads on one latent kv head
     causal=("none", "bottom_right"),
     lse=True,
+    # a query row with no visible key (bottom-right causal, s_q > cache_seqlens): out 0 and LSE +inf, FlashMLA's
+    # convention (its tests/ref.py: "lse[lonely_q_mask] = float('+inf')"), declared instead of rewritten to -inf
+    fully_masked="zeros",
+    keyless_lse="+inf",
     paged=True,  # block_table with pages of 64 (with latent_kv the paged properties skip: they draw K and V apart)
     page_sizes=(PAGE,),
     refuses=lambda case: _decode_refusal(case.q, case.k, case.v, case.spec),
