@@ -57,3 +57,24 @@ def test_skips_naming_the_missing_claim():
     b = av.adapter("mine-nodv", register=False, head_dims=(192, 128), backward=True)(lambda q, k, v, s: q)
     with pytest.raises(PropertySkipped, match="mine-nodv does not claim dv_ne_d"):
         _run(b)
+
+
+def test_refuses_is_asked_about_the_views_call():
+    """An adapter whose `refuses` turns down a V that is a strided view (its kernel needs V contiguous) is never
+    called with one: mla_latent_views skips those calls, naming the adapter's reason, instead of failing on them."""
+    seen = []
+
+    def refuses(case):
+        return None if case.v.is_contiguous() else "V must be contiguous (my kernel's docs)"
+
+    def fn(q, k, v, s):
+        seen.append(v.is_contiguous())
+        if not v.is_contiguous():
+            raise RuntimeError("kernel: V not contiguous")  # what the real kernel would do
+        return naive_attention(q, k, v, s, return_keep=False).out
+
+    a = av.adapter("mla-contig-v", register=False, refuses=refuses, **MLA)(fn)
+    run = _run(a, max_examples=6)  # a view of one key row (Lk = 1) is contiguous: that example is judged
+    assert run.statuses.get("skipped", 0) >= 3 and set(run.statuses) <= {"skipped", "passed"}, run.statuses
+    assert "V must be contiguous" in (run.last_skip or "")
+    assert seen and all(seen), "the adapter was called with a V view it refuses"

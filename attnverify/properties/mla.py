@@ -22,6 +22,7 @@ from ..check import unpack_output
 from ..reference import reference_forward
 from ..spec import Spec
 from ..verdicts import keyless_lse_expected
+from ._within import Refused, ensure_claimed
 from .base import ExampleResult, Property
 from .serving import judge_pairs
 
@@ -136,7 +137,13 @@ class MlaLatentViews(Property):
             return out
 
         try:
+            # both calls within the adapter's claims and its `refuses` (the views' strides are the latent's)
+            ensure_claimed(adapter, case.q, case.k, case.v, spec)
+            ensure_claimed(adapter, case.q, case.k.clone(), case.v.contiguous(), spec)
             res = judge_pairs(self, adapter, case, drawn, pairs)
+        except Refused as e:
+            res = ExampleResult(True, f"not claimed (a call {self.name} makes): {e}", status="skipped",
+                                case=case.to_dict())
         except Exception as e:
             res = ExampleResult(False, f"{self.name}: the property raised {type(e).__name__}: {e}", severity=1e30,
                                 status="error", case=case.to_dict())
