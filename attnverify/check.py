@@ -20,6 +20,7 @@ from .fp8 import is_fp8
 from .judge_twin import judged_case, judged_on, on_judge, twin_note, upstream
 from .magnitudes import magnitudes, row_levels
 from .reference import reference_backward, reference_forward
+from .reference.paged import cache_after
 from .spec import Output
 from .tolerances import SCORE_U, UNIT_ROUNDOFF, tolerance_for
 from .timesplit import phase, timed
@@ -181,6 +182,9 @@ def check(
     if do_bwd and is_fp8(case.dtype):  # docs/adapters.md: fp8 calls are forward only
         do_bwd = False
         notes.append(f"{case.dtype} inputs: forward only (fp8 calls have no backward in the contract)")
+    if do_bwd and spec.cache_seqlens is not None:  # docs/adapters.md: KV-cache calls are a serving kernel's, forward only
+        do_bwd = False
+        notes.append("KV-cache call: forward only (cache calls have no backward in the contract)")
     # copies (_leaf): the case's own tensors stay what the adapter was given, so they are what its inputs must
     # still be afterwards (issue 25: no second copy kept for that)
     q, k, v = (_leaf(t, do_bwd) for t in (case.q, case.k, case.v))
@@ -267,10 +271,14 @@ def check(
             notes.append("gradients not compared: fully-masked rows produce NaN by declaration")
         else:
             comps += _check_grads(adapter, jcase, q, k, v, out, lse, j_keep, gen, tol, ignore_rows, outputs, cache, twin)
-    after_bad = [n for n, b, t in zip("qkv", (case.q, case.k, case.v), (q, k, v)) if not bitwise_equal(b.detach(), t.detach())]
+    # an append writes k_new / v_new into the caches in place: they must then be what cache_after says, the rest as given
+    k_exp, v_exp = (case.k, case.v) if spec.k_new is None else cache_after(case.k, case.v, spec)
+    after_bad = [n for n, b, t in zip("qkv", (case.q, k_exp, v_exp), (q, k, v)) if not bitwise_equal(b.detach(), t.detach())]
     if after_bad:
         c = compare("inputs", torch.ones(1), torch.zeros(1, dtype=torch.float64), tolerance_for("out", "float32"))
-        c.problems = [f"the adapter modified its input(s) {', '.join(after_bad)} in place"]
+        c.problems = [f"the adapter modified its input(s) {', '.join(after_bad)} in place" if spec.k_new is None else
+                      f"cache(s) {', '.join(after_bad)} after the call are not the input with k_new / v_new written at "
+                      "slots cache_seqlens[b].. (and nothing else changed); kv_cache_append says where"]
         comps.append(c)
     status = "passed" if all(c.passed for c in comps) else "failed"
     res = CheckResult(adapter.name, case, status, comps, notes=notes, seconds=time.perf_counter() - t0,

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -27,7 +28,8 @@ from attnverify.adapters import registry
 from attnverify.check import unclaimed
 from attnverify.tolerances import unit_roundoff
 from attnverify.zoo import fp8_online_adapter
-from calibration_findings import declared  # benchmarks/: the script's own folder
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, also when loaded by file path (a test)
+from calibration_findings import declared  # noqa: E402
 
 SEQ = [1, 2, 5, 15, 16, 17, 31, 33, 63, 64, 65, 97, 127, 128, 129, 192, 255, 257]
 HEAD = [16, 32, 40, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256]
