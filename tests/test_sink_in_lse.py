@@ -159,3 +159,14 @@ def test_sink_limits_under_false_still_judges_keyless_rows():
     assert p.run_example(KEYS_PLUS_INF, dict(drawn)).status == "passed"
     res = p.run_example(KEYS_MINUS_INF_CLAIMING_PLUS, dict(drawn))
     assert res.status == "failed" and "lse[no visible key, sink left out]" in res.message, res.message
+
+
+def test_dsinks_of_a_row_far_below_its_sink_is_judged_against_a_baseline_in_the_same_convention():
+    """Found by the wide claim-set fuzz: a row shifted 120 below its sink has dsinks = -sum P_sink D ~ -3e-53 under
+    sink_in_lse=False (no dLSE term), which float32 flushes to 0; naive's baseline was taken with its dLSE term (O(1),
+    represented), so the bound stayed tight and a correct kernel failed. The baseline now leaves dLSE out as well."""
+    drawn = {"recipe": CaseRecipe(len_q=1, len_k=1, head_dim=16, dtype="float32", q_std=0.5, k_std=0.5,
+                                  row_shift=-120.0, return_lse=True, seed=0).to_dict(),
+             "sinks": {"kind": "normal", "level": 0.5, "seed": 0}}
+    res = get_property("sinks_match_reference").run_example(KEYS_CLAIMED, drawn)
+    assert res.status == "passed", res.message
