@@ -24,6 +24,7 @@ from .reference.paged import cache_after
 from .spec import Output
 from .tolerances import SCORE_U, UNIT_ROUNDOFF, tolerance_for
 from .timesplit import phase, timed
+from .lse_conventions import expected_grads, expected_lse as lse_in_convention, sink_excluded
 from .verdicts import bitwise_equal, keyless_lse_expected, severity
 
 STATUSES = ("passed", "failed", "error", "skipped")
@@ -218,6 +219,15 @@ def check(
         expected_lse = keyless_lse_expected(ref.lse, claims.keyless_lse)
         notes.append(f"{int(fm.sum())} row(s) with no visible key: LSE held to the declared keyless_lse="
                      f"{claims.keyless_lse!r}")
+    lse_keyless_ign = None  # sink_in_lse=False: rows whose keys-only LSE is a keyless row's, under "unsupported"
+    if spec.return_lse and claims.lse and sink_excluded(claims, spec):
+        expected_lse = lse_in_convention(claims, jcase.q, jcase.k, jcase.v, jcase.spec, ref.lse, dropout_mask=j_keep)
+        notes.append("LSE held to the declared sink_in_lse=False: over the visible keys only, the sinks left out "
+                     "(the output keeps them in its denominator)")
+        if claims.fully_masked == "unsupported" and bool(torch.isneginf(expected_lse).any()):
+            lse_keyless_ign = torch.isneginf(expected_lse)
+            notes.append(f"{int(lse_keyless_ign.sum())} row(s) with no visible key: their sink-less LSE (and dQ) not "
+                         f"judged, {adapter.name} declares keyless rows unsupported; their output (0) is")
 
     mags = magnitudes(jcase)
     levels = row_levels(jcase, ref.lse)  # None without an additive bias
@@ -257,9 +267,11 @@ def check(
         if lse is None:
             comps.append(compare("lse", None, expected_lse, tol("lse", case.q.dtype)))
         else:
-            lse_ign = ignore_rows
-            if any_fm and claims.fully_masked == "nan":  # -inf is as good as NaN for an LSE here
-                lse_nan = torch.where(fm.to(lse.device) & torch.isneginf(lse.detach()), torch.full_like(lse.detach(), math.nan), lse.detach())
+            lse_ign = ignore_rows if lse_keyless_ign is None else \
+                (lse_keyless_ign if ignore_rows is None else ignore_rows | lse_keyless_ign.to(ignore_rows.device))
+            nan_rows = torch.isnan(expected_lse) if claims.fully_masked == "nan" else fm  # fm, or keyless sink-less
+            if bool(nan_rows.any()) and claims.fully_masked == "nan":  # -inf is as good as NaN for an LSE here
+                lse_nan = torch.where(nan_rows.to(lse.device) & torch.isneginf(lse.detach()), torch.full_like(lse.detach(), math.nan), lse.detach())
                 lse, j_lse = lse_nan, on_judge(twin, lse_nan)[0]
             comps.append(compare("lse", j_lse, expected_lse, tol("lse", case.q.dtype), ignore=lse_ign))
 
@@ -270,7 +282,9 @@ def check(
         if any_fm and claims.fully_masked == "nan":
             notes.append("gradients not compared: fully-masked rows produce NaN by declaration")
         else:
-            comps += _check_grads(adapter, jcase, q, k, v, out, lse, j_keep, gen, tol, ignore_rows, outputs, cache, twin)
+            g_ign = ignore_rows if lse_keyless_ign is None else \
+                (lse_keyless_ign if ignore_rows is None else ignore_rows | lse_keyless_ign.to(ignore_rows.device))
+            comps += _check_grads(adapter, jcase, q, k, v, out, lse, j_keep, gen, tol, g_ign, outputs, cache, twin)
     # an append writes k_new / v_new into the caches in place: they must then be what cache_after says, the rest as given
     k_exp, v_exp = (case.k, case.v) if spec.k_new is None else cache_after(case.k, case.v, spec)
     after_bad = [n for n, b, t in zip("qkv", (case.q, k_exp, v_exp), (q, k, v)) if not bitwise_equal(b.detach(), t.detach())]
@@ -303,7 +317,8 @@ def _check_grads(adapter, case, q, k, v, out, lse, keep, gen, tol, ignore_rows, 
     if d_lse is None and "grads" in cache:
         ref_g = cache["grads"]
     else:
-        ref_g = reference_backward(case.q, case.k, case.v, case.spec, d_out, d_lse, dropout_mask=keep)
+        # with the LSE's term in the adapter's declared convention (sink_in_lse: lse_conventions)
+        ref_g = expected_grads(adapter.claims, case.q, case.k, case.v, case.spec, d_out, d_lse, dropout_mask=keep)
     why = None
     if not out.requires_grad:
         why = "the output is not connected to q, k, v by autograd (no grad_fn): backward is claimed"

@@ -2,10 +2,13 @@
 @av.adapter, a correct implementation that raises on anything unclaimed, every property with a small
 budget: no error, no failure, skips that say why; the same claim sets on wrong implementations still fail
 where their property runs. A fast slice here, a wide one marked slow."""
+import warnings
+
 import pytest
 
+import attnverify as av
 from attnverify.case import CaseRecipe, build_case
-from attnverify.properties import PROPERTIES, get_property
+from attnverify.properties import PROPERTIES, get_property, run_property
 from attnverify.zoo.claimsets import (BUGS, UnclaimedCall, claim_sets, describe, fuzz_claims, run_claim_set,
                                       strict_adapter, wrong_problems)
 
@@ -110,6 +113,8 @@ def test_claim_sets_cover_every_keyword_of_adapter():
     assert {d["fully_masked"] for d in seen} == {"zeros", "nan", "unsupported"}
     assert {d["keyless_lse"] for d in seen} == {"-inf", "+inf"}
     assert all(d["fully_masked"] == "zeros" and d["lse"] for d in seen if d["keyless_lse"] == "+inf")
+    assert {d["sink_in_lse"] for d in seen if d["sinks"] and d["lse"]} == {True, False}
+    assert all(d["sink_in_lse"] for d in seen if not (d["sinks"] and d["lse"]))
     assert {d["memory"] for d in seen} == {"quadratic", "linear"}
     assert any(d["tiles"] for d in seen) and any(d["tiles"] is None for d in seen)
     assert {d["refuses"] for d in seen} >= {"odd_length", "head_dim_above_32", "bottom_right_lq_gt_lk", "unaligned_pointer"}
@@ -197,3 +202,32 @@ def test_a_claim_set_with_keyless_lse_plus_inf_passes_and_its_wrong_kernel_fails
     assert [r["outcome"] for r in rows] == ["passed"] * 3, rows
     rows = run_claim_set(desc, props[:1], max_examples=5, bug="fm_nan", report_dir=str(tmp_path))
     assert rows[0]["outcome"] == "failed", rows
+
+
+def test_a_claim_set_with_sink_in_lse_false_passes_and_its_wrong_kernel_fails(tmp_path):
+    """sink_in_lse=False drawn by the fuzz: the strict wrapper returns the LSE over the visible keys (FlashMLA's
+    attn_sink), as the claim says, and passes the sink properties that read the LSE (dsinks included: backward); the
+    wrapper of the default convention under a claim of False fails."""
+    desc = {"dtypes": ["float32"], "devices": ["cpu"], "head_dims": [16], "max_seqlen": 16,
+            "causal": ["none", "bottom_right"], "window": False, "softcap": False, "alibi": False, "attn_mask": False,
+            "gqa": True, "varlen": False, "dropout": False, "backward": True, "lse": True, "dv_ne_d": False,
+            "deterministic": False, "fully_masked": "zeros", "keyless_lse": "-inf", "tiles": None,
+            "memory": "quadratic", "refuses": None, "known": None, "sinks": True, "sink_in_lse": False}
+    a = strict_adapter(desc)
+    assert a.claims.sink_in_lse is False
+    props = [get_property(n) for n in ("sinks_match_reference", "sink_as_extra_key", "sink_limits")]
+    rows = run_claim_set(desc, props, max_examples=5, report_dir=str(tmp_path))
+    assert [r["outcome"] for r in rows] == ["passed"] * 3, rows
+    rows = run_claim_set({**desc, "sink_in_lse": True}, props[:1], max_examples=5, report_dir=str(tmp_path))
+    assert rows[0]["outcome"] == "passed", rows  # the wrapper follows the claim either way
+    # the wrapper of the default (the sink in the LSE) under a claim of False: the LSE (and dQ/dK) fail
+    with_sink = strict_adapter({**desc, "sink_in_lse": True})
+    wrong = av.adapter("claimfuzz-sink-lse-mismatch", register=False, dtypes=("float32",), devices=("cpu",),
+                       head_dims=(16,), max_seqlen=16, causal=("none", "bottom_right"), gqa=True, backward=True,
+                       lse=True, fully_masked="zeros", sinks=True, sink_in_lse=False)(
+        lambda q, k, v, spec: with_sink(q, k, v, spec))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(AssertionError, match="lse"):
+            run_property(props[0], wrong, profile="ci", seed=1, max_examples=10, database=None,
+                         report_dir=str(tmp_path))

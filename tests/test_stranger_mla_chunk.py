@@ -5,6 +5,7 @@ author makes fail them within seconds, and the diagnosis names them. Each findin
 its regression test here (it fails on the code before the fix)."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -182,6 +183,26 @@ def test_flashmla_keyless_rows_are_declared_not_converted():
         assert [c.name for c in bad.failing()] == ["lse"] and shown in bad.message(), bad.message()
         n, _, msg = _caught("mla_latent_views", a)  # the property's corpus holds such a case: found at once
         assert n <= 2 and "lse: MISMATCH" in msg, msg[-1500:]
+
+
+def test_flashmla_sinks_leave_the_lse_alone_as_declared():
+    """FlashMLA's attn_sink scales the output by exp(lse) / (exp(lse) + exp(attn_sink)) and has "no affect on the
+    returned softmax_lse". Before sink_in_lse the adapter could not say so: every LSE comparison of a sink case failed.
+    Now it claims sink_in_lse=False and its kernel passes as it comes (keyless rows: out 0, LSE +inf, keyless_lse);
+    under the default claim the LSE fails, and a kernel dropping the sink fails on its output."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 3, 9, 576, generator=g).bfloat16()
+    lat = torch.randn(1, 1, 5, 576, generator=g).bfloat16()
+    sinks = torch.tensor([0.7, -math.inf, 3.0])
+    case = Case(q, lat, lat[..., :512], av.Spec(causal="bottom_right", return_lse=True, sinks=sinks))  # rows 0-3 keyless
+    res = av.check(F.flashmla_like, case)
+    assert res.status == "passed", res.message()
+    kw = {k: v for k, v in F.DECODE_CLAIMS.items() if k != "sink_in_lse"}
+    default = av.adapter("flashmla-like-sink-in-lse", register=False, **kw)(F.flashmla_like.fn)
+    bad = av.check(default, case)
+    assert [c.name for c in bad.failing()] == ["lse"], bad.message()
+    ignored = av.check(F.flashmla_like_sink_ignored, case)
+    assert [c.name for c in ignored.failing()] == ["out"], ignored.message()
 
 
 def test_latent_kv_needs_the_mla_claims_and_says_so():

@@ -44,6 +44,10 @@ class Claims:
     # with fully_masked="zeros" and lse: the LSE of a row with no visible key (and no sink), "-inf" (the reference's)
     # or "+inf" (FlashMLA's, FA2/FA3's stored softmax_lse); verdicts.keyless_lse_expected is the one rule
     keyless_lse: str = "-inf"
+    # with sinks and lse: whether the returned LSE has the sink in its sum (the contract's, FA4's) or is over the
+    # visible keys only (False: FlashMLA's attn_sink, "no affect on the returned softmax_lse"); the output has the
+    # sink in its denominator either way. lse_conventions.py is the one rule
+    sink_in_lse: bool = True
     deterministic: bool = False
     tiles: Optional[Tuple[int, int]] = None
     memory: str = "quadratic"
@@ -98,6 +102,7 @@ class Claims:
             + (f" num_splits={','.join(map(str, self.num_splits))}" if self.num_splits else "")
             + (f" sink_dtype={self.sink_dtype}" if self.sink_dtype != "float32" else "")
             + (f" keyless_lse={self.keyless_lse}" if self.keyless_lse != "-inf" else "")
+            + (" sink_in_lse=False" if not self.sink_in_lse else "")
             + (" " + " ".join(feats) if feats else "")
         )
 
@@ -149,6 +154,9 @@ def _validate_claims(name: str, kw: dict) -> Claims:
     if c.get("keyless_lse", "-inf") != "-inf" and (c.get("fully_masked") != "zeros" or not c.get("lse")):
         raise bad("keyless_lse", "is the LSE of a keyless row whose output is 0: claim fully_masked='zeros' and lse=True "
                                  "too, or leave keyless_lse out")
+    if c.get("sink_in_lse", True) is False and (not c.get("sinks") or not c.get("lse")):
+        raise bad("sink_in_lse", "says whether the returned LSE has the sink in its sum: claim sinks=True and lse=True "
+                                 "too, or leave sink_in_lse out")
     if c.get("memory", "quadratic") not in MEMORY_MODES:
         raise bad("memory", f"must be one of {MEMORY_MODES}")
     if c.get("tiles") is not None:

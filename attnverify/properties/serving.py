@@ -22,7 +22,8 @@ from ..reference.paged import cache_after, cache_keys, plain_spec
 from ..strategies import cache_cases, cache_corpus, page_size_choices
 from ._within import ensure_claimed
 from ._props import CaseProperty
-from ..verdicts import compare_pairs, keyless_lse_expected, severity
+from ..lse_conventions import expected_lse
+from ..verdicts import compare_pairs, severity
 from .base import ExampleResult
 
 Pairs = Dict[str, Tuple[torch.Tensor, torch.Tensor]]
@@ -149,8 +150,8 @@ class PagedEqualsContiguous(CacheProperty):
             if all(unclaimed(a, s) is None for s in subs):
                 parts = [run(a, s.q, s.k, s.v, s.spec) for s in subs]
             else:  # the contiguous call is not claimed: the float64 reference stands for it
-                refs = (reference_forward(s.q, s.k, s.v, s.spec) for s in subs)
-                parts = [{"out": r.out, "lse": keyless_lse_expected(r.lse, a.claims.keyless_lse)} for r in refs]
+                refs = ((s, reference_forward(s.q, s.k, s.v, s.spec)) for s in subs)
+                parts = [{"out": r.out, "lse": expected_lse(a.claims, s.q, s.k, s.v, s.spec, r.lse)} for s, r in refs]
             exp = {n: torch.cat([p[n].double().cpu() for p in parts]) for n in parts[0] if all(n in p for p in parts)}
             if a is adapter:
                 bad, want = nonfinite_rows(got["out"]), nonfinite_rows(exp["out"])
@@ -180,7 +181,7 @@ class KvCacheAppend(CacheProperty):
                 problems.extend(cache_problems(c, k_exp, v_exp))
             out = {"out": (got["out"], ref.out)}
             if "lse" in got:
-                out["lse"] = (got["lse"], keyless_lse_expected(ref.lse, a.claims.keyless_lse))
+                out["lse"] = (got["lse"], expected_lse(a.claims, case.q, case.k, case.v, case.spec, ref.lse))
             return out
 
         return judge_pairs(self, adapter, case, params, pairs, problems)

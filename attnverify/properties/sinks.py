@@ -2,9 +2,13 @@
 
     sinks_match_reference     out, LSE, dQ/dK/dV and the sink's gradient against the float64 reference
     sink_as_extra_key         a sink equals one more key with that score and a zero value row
-    sink_limits               sinks of -inf equal no sink; a row with no visible key gives 0 and LSE = sink
+    sink_limits               sinks of -inf equal no sink; a row with no visible key gives 0 and LSE = sink (under
+                              sink_in_lse=False the LSE of a keyless row, the adapter's keyless convention)
     sinks_paged               a paged-KV call with sinks against the reference over the gathered keys
     chunked_matches_reference chunked local attention (with causal, window, varlen where claimed)
+
+Where the reference's LSE of a sink case meets an adapter's, it is taken in the adapter's declared convention
+(lse_conventions: sink_in_lse, keyless_lse); the output keeps the sink in its denominator either way.
 
 Sinks are drawn beside the recipe as plain data ({"sinks": {"kind", "level", "seed"}}), so a drawn example
 replays: normal logits, large ones dominating every row, -inf, and a mix per head.
@@ -21,10 +25,10 @@ from hypothesis import strategies as st
 from ..case import Case
 from ..check import check, unclaimed, unpack_output
 from ..compare import compare, error_stats
-from ..reference import reference_backward, reference_forward
+from ..reference import reference_forward
 from ..sink_logits import SINK_KINDS, for_adapter, make_sinks
 from ..tolerances import tolerance_for
-from ..verdicts import keyless_lse_expected
+from ..lse_conventions import expected_grads, expected_lse, sink_excluded
 from ._props import CaseProperty, _result_from_check
 from .base import ExampleResult
 from ._within import ensure_claimed
@@ -102,7 +106,7 @@ def sink_gradient(adapter, case: Case, with_terms: bool = False) -> Optional[dic
     out, lse, _ = unpack_output(adapter(q, k, v, s.replace(sinks=sinks)))
     d_out = torch.randn(out.shape, generator=gen, dtype=torch.float32).to(out.device)
     ref = reference_forward(q, k, v, s)
-    ref_lse = ref.lse
+    ref_lse = expected_lse(adapter.claims, q, k, v, s, ref.lse)  # the LSE the adapter declares (sink_in_lse)
     d_lse = None
     loss = (out.float() * d_out).sum()
     if isinstance(lse, torch.Tensor) and s.return_lse:
@@ -110,10 +114,11 @@ def sink_gradient(adapter, case: Case, with_terms: bool = False) -> Optional[dic
         d_lse = torch.where(torch.isfinite(ref_lse.to(d_lse.device)), d_lse, torch.zeros_like(d_lse))
         loss = loss + (torch.where(torch.isfinite(lse.float()), lse.float(), torch.zeros_like(lse.float())) * d_lse).sum()
     got = torch.autograd.grad(loss, sinks, allow_unused=True)[0] if loss.requires_grad else None
-    exp = reference_backward(q, k, v, s, d_out.double(), None if d_lse is None else d_lse.double()).dsinks
+    # under sink_in_lse=False no gradient reaches the sinks through the LSE, only through the output
+    exp = expected_grads(adapter.claims, q, k, v, s, d_out.double(), None if d_lse is None else d_lse.double()).dsinks
     res = {"dsinks": (None if got is None else got.detach(), exp)}
     if with_terms:
-        res["terms"] = sink_gradient_terms(ref, s.sinks, d_out, d_lse)
+        res["terms"] = sink_gradient_terms(ref, s.sinks, d_out, None if sink_excluded(adapter.claims, s) else d_lse)
     return res
 
 
@@ -161,8 +166,12 @@ def judge_dsinks(prop, adapter, case, params) -> ExampleResult:
     g = sink_gradient(adapter, case, with_terms=True)
     got, exp = g["dsinks"]
     base = None
-    if case.dtype in naive.claims.dtypes and unclaimed(naive, case) is None:
-        base = error_stats(*sink_gradient(naive, case)["dsinks"])
+    # the baseline in the adapter's convention: under sink_in_lse=False no dLSE reaches the sinks, so naive's dsinks
+    # is taken without its LSE term too (else a dsinks of ~1e-53, a row shifted far below its sink, is judged against
+    # naive's O(1) one, which float32 represents)
+    bcase = with_spec(case, return_lse=False) if sink_excluded(adapter.claims, case.spec) else case
+    if case.dtype in naive.claims.dtypes and unclaimed(naive, bcase) is None:
+        base = error_stats(*sink_gradient(naive, bcase)["dsinks"])
     scale = max(float(exp.abs().max()) if exp.numel() else 0.0, g["terms"])
     tol = tolerance_for("dq", case.dtype, baseline_rel_l2=base[0] if base else None,
                         baseline_max_abs=base[1] if base else None, scale_floor=scale)
@@ -219,7 +228,11 @@ class SinkAsExtraKey(SinkProperty):
                 exp = run(a, ext.q, ext.k, ext.v, ext.spec)
             else:
                 r = reference_forward(ext.q, ext.k, ext.v, ext.spec)
-                exp = {"out": r.out, "lse": keyless_lse_expected(r.lse, a.claims.keyless_lse)}
+                exp = {"out": r.out, "lse": expected_lse(a.claims, c.q, c.k, c.v, c.spec, r.lse)}
+            if "lse" in exp and sink_excluded(a.claims, c.spec):
+                # the returned LSE leaves the sink out, the extra key's has it as a key: only the output is the
+                # identity; the LSE is held to the reference's over the visible keys (lse_conventions)
+                exp["lse"] = expected_lse(a.claims, c.q, c.k, c.v, c.spec, None)
             return {n: (got[n], exp[n].double().cpu()) for n in got if n in exp}
 
         return judge_pairs(self, adapter, case, params, pairs)
@@ -227,7 +240,9 @@ class SinkAsExtraKey(SinkProperty):
 
 class SinkLimits(SinkProperty):
     name = "sink_limits"
-    doc = ("Sinks of -inf give what no sink gives; a row with no visible key returns 0 and LSE = its head's sink.")
+    doc = ("Sinks of -inf give what no sink gives; a row with no visible key returns 0 and LSE = its head's sink "
+           "(under sink_in_lse=False the LSE a keyless row has in the declared convention: -inf, +inf by keyless_lse, "
+           "NaN by fully_masked='nan'; not judged under 'unsupported').")
     case_kwargs = dict(dropout=False, poison=False)
 
     def judge(self, adapter, case, params):
@@ -253,9 +268,14 @@ class SinkLimits(SinkProperty):
                 got = run(a, c.q, c.k, c.v, c.spec)
                 got_out = got["out"].cpu()
                 out["out[no visible key]"] = (got_out[empty], torch.zeros_like(got_out[empty], dtype=torch.float64))
-                if "lse" in got:
+                if "lse" in got and not sink_excluded(a.claims, c.spec):
                     sink = c.spec.sinks.double().cpu()[None, :, None].expand_as(empty)
                     out["lse[no visible key]"] = (got["lse"].cpu()[empty], sink[empty])
+                elif "lse" in got and a.claims.fully_masked != "unsupported":
+                    # the LSE leaves the sink out (sink_in_lse=False): LSE = sink does not hold; what does is the
+                    # keyless row's LSE of the declared convention, the output 0 above unchanged
+                    exp = expected_lse(a.claims, c.q, c.k, c.v, c.spec, None).cpu()
+                    out["lse[no visible key, sink left out]"] = (got["lse"].cpu()[empty], exp[empty])
             return out
 
         return judge_pairs(self, adapter, case, params, pairs, problems)
@@ -281,7 +301,7 @@ class SinksPaged(CacheProperty):
             got = run(a, c.q, c.k, c.v, c.spec)
             res = {"out": (got["out"], ref.out)}
             if "lse" in got:
-                res["lse"] = (got["lse"], keyless_lse_expected(ref.lse, a.claims.keyless_lse))
+                res["lse"] = (got["lse"], expected_lse(a.claims, c.q, c.k, c.v, c.spec, ref.lse))
             return res
 
         return judge_pairs(self, adapter, case, params, pairs)

@@ -3,6 +3,7 @@
 `claim_sets()` draws the keywords of `@av.adapter` -- dtype subsets (single half types included), head
 dims as tuples (one value included) and predicates, max_seqlen down to 1, every subset of causal
 alignments, each feature flag, fully_masked (with keyless_lse, the LSE of a keyless row: -inf or +inf), tiles, memory,
+sink_in_lse (with sinks and lse: the returned LSE with or without the sink),
 `refuses` callables and known_failures with
 and without `match`; in the wide slice also the serving claims (KV caches, page sizes, append, left
 padding, num_splits, sinks, chunked attention) and fp8 dtypes with or without descales -- as JSON-able
@@ -124,6 +125,8 @@ def claim_sets(draw, *, wide: bool = False):
     # the LSE of a row with no visible key: FlashMLA's (and FA2/FA3's stored) "+inf" where the claim can be made
     desc["keyless_lse"] = draw(st.sampled_from(("-inf", "+inf"))) if desc["fully_masked"] == "zeros" and desc["lse"] \
         else "-inf"
+    # whether the returned LSE has the sink in its sum (the contract's) or not (FlashMLA's attn_sink): with sinks and lse
+    desc["sink_in_lse"] = draw(st.booleans()) if desc["sinks"] and desc["lse"] else True
     # latent_kv needs the MLA head dims (576/512, 192/128), which these claim sets do not draw: it is exercised by
     # tests/test_stranger_mla_chunk.py (a FlashMLA-like decode kernel) instead
     desc["latent_kv"] = False
@@ -221,6 +224,8 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
         kw["sink_dtype"] = desc["sink_dtype"]
     if desc.get("keyless_lse", "-inf") != "-inf":
         kw["keyless_lse"] = desc["keyless_lse"]
+    if desc.get("sink_in_lse", True) is False:
+        kw["sink_in_lse"] = False
     if desc.get("page_sizes"):
         kw["page_sizes"] = tuple(desc["page_sizes"])
     known = None
@@ -244,8 +249,13 @@ def strict_adapter(desc: dict, *, bug: Optional[str] = None, name: Optional[str]
         chunk = bug is None and desc["memory"] == "linear" and _plain(spec)
         res = _chunked(impl, q, k, v, s) if chunk else impl(q, k, v, s)
         out, lse = res.out, res.lse if spec.return_lse else None
+        if kw.get("sink_in_lse") is False and s.sinks is not None and isinstance(lse, torch.Tensor):
+            # the LSE over the visible keys only, as the claim declares (the output keeps the sink)
+            lse = impl(q, k, v, s.replace(sinks=None)).lse
         if desc["fully_masked"] == "nan":
             out, lse = _fully_masked_nan(out, lse, torch.isneginf(res.lse.detach()))
+            if kw.get("sink_in_lse") is False and isinstance(lse, torch.Tensor):  # keyless rows, their sink left out
+                lse = torch.where(torch.isneginf(lse.detach()), torch.full_like(lse, math.nan), lse)
         elif kw.get("keyless_lse") == "+inf" and isinstance(lse, torch.Tensor):  # the convention the claim declares
             lse = torch.where(torch.isneginf(lse.detach()), torch.full_like(lse, math.inf), lse)
         return Output(out, lse=lse, dropout_mask=res.dropout_mask if bug is None else None)

@@ -5,7 +5,8 @@ Decode (``flash_mla_with_kvcache``, FlashMLA's README and its docstring; plain t
 
     tile_scheduler_metadata, num_splits = get_mla_metadata(cache_seqlens, s_q * h_q // h_kv, h_kv)
     out, lse = flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
-                                      tile_scheduler_metadata, num_splits, softmax_scale=None, causal=False)
+                                      tile_scheduler_metadata, num_splits, softmax_scale=None, causal=False,
+                                      attn_sink=None)
 
 - ``q`` (batch, seq_len_q, num_heads_q, 576): 512 latent ("nope", the absorbed W_UK applied) + 64 rope columns;
 - ``k_cache`` (num_blocks, 64, 1, 576): the paged latent cache, page ("block") size 64, ONE kv head (MQA mode); the
@@ -15,7 +16,10 @@ Decode (``flash_mla_with_kvcache``, FlashMLA's README and its docstring; plain t
   ``tril(diagonal=s_k - s_q)``), for MTP / speculative decoding with seq_len_q > 1;
 - returns ``out`` (batch, seq_len_q, num_heads_q, 512) in q's dtype and ``lse`` (batch, num_heads_q, seq_len_q)
   float32, natural log; a query row with no attendable key gets out 0 and lse +inf (FlashMLA's tests/ref.py: "Correct
-  for q tokens which has no attendable k": ``lse[lonely_q_mask] = float("+inf")``); bfloat16 and float16; forward only.
+  for q tokens which has no attendable k": ``lse[lonely_q_mask] = float("+inf")``); bfloat16 and float16; forward only;
+- ``attn_sink`` (num_heads_q,) float32: "If presented, the final output will be scaled by exp(lse) / (exp(lse) +
+  exp(attn_sink)). Have no affect on the returned softmax_lse" (flash_mla_interface.py): the sink joins the output's
+  denominator, the returned LSE is over the keys alone -- declared as ``sink_in_lse=False``.
 
 Prefill (FlashMLA's dense "MHA mode": ``flash_attn_varlen_func``-like, head_dim_qk 192 = 128 nope + 64 rope, head_dim_v
 128, separate k and v, forward and backward): ``mla_prefill(q, k, v, softmax_scale=None, causal=False)`` on BSHD tensors.
@@ -37,6 +41,8 @@ DECODE_BUGS = (
     "rope_dropped",  # the score from the 512 latent columns only: the 64 rope columns left out
     "lse_base2",  # the LSE returned in base 2 (the kernel's exp2 domain), not natural log
     "page_index_off_by_one",  # physical page numbers read 1-based: block_table[b, i] + 1
+    "sink_ignored",  # attn_sink dropped: the output's denominator without the sink (check sees it; no property draws
+    # sinks with latent_kv, tests/test_stranger_mla_chunk.py)
 )
 PREFILL_BUGS = (
     "latent_grad_overwritten",  # V a view of K (one latent): dV written over dK's first columns, not added
@@ -50,7 +56,7 @@ def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k):
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
-                           softmax_scale=None, causal=False, *, _bug=None):
+                           softmax_scale=None, causal=False, attn_sink=None, *, _bug=None):
     if q.dtype not in (torch.bfloat16, torch.float16) or k_cache.dtype != q.dtype:
         raise TypeError(f"flash_mla_with_kvcache: bf16/fp16 only, q and k_cache alike; got {q.dtype}, {k_cache.dtype}")
     b, s_q, h_q, d = q.shape
@@ -81,8 +87,12 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         e = torch.exp(s - torch.where(live, m, torch.zeros_like(m)))
         den = e.sum(-1, keepdim=True)
         o = torch.where(live, (e @ vv) / torch.where(live, den, torch.ones_like(den)), torch.zeros_like(den))
-        out[i] = o.transpose(0, 1).to(q.dtype)
         row_lse = (m + torch.log(den)).squeeze(-1)
+        if attn_sink is not None and _bug != "sink_ignored":  # out * exp(lse) / (exp(lse) + exp(sink)); lse as it is
+            sink = attn_sink.float().to(q.device)[:, None]  # "-inf has no effect" (FlashMLA's later docstring)
+            keep = torch.where(torch.isneginf(sink), torch.ones_like(row_lse), torch.sigmoid(row_lse - sink))
+            o = o * keep.unsqueeze(-1)
+        out[i] = o.transpose(0, 1).to(q.dtype)
         if _bug == "lse_base2":
             row_lse = row_lse / torch.log(torch.tensor(2.0))
         lse[i] = torch.where(live.squeeze(-1), row_lse, torch.full_like(row_lse, float("inf")))  # FlashMLA: +inf
@@ -124,6 +134,10 @@ DECODE_CLAIMS = dict(
     # convention (its tests/ref.py: "lse[lonely_q_mask] = float('+inf')"), declared instead of rewritten to -inf
     fully_masked="zeros",
     keyless_lse="+inf",
+    # attn_sink: the output's denominator has it, the returned LSE has not (FlashMLA's docstring: "Have no affect on
+    # the returned softmax_lse"), declared instead of adding the sink back into the LSE
+    sinks=True,
+    sink_in_lse=False,
     paged=True,  # block_table with pages of 64 (with latent_kv the paged properties skip: they draw K and V apart)
     page_sizes=(PAGE,),
     refuses=lambda case: _decode_refusal(case.q, case.k, case.v, case.spec),
@@ -141,7 +155,8 @@ def _decode_call(q, k, v, spec: av.Spec, bug=None):
         k_cache, table, lens = k, spec.block_table, spec.cache_seqlens
     meta, splits = get_mla_metadata(lens, q.shape[2] * q.shape[1], 1)
     out, lse = flash_mla_with_kvcache(q.transpose(1, 2), k_cache, table, lens, D_V, meta, splits,
-                                      softmax_scale=spec.scale, causal=spec.causal == "bottom_right", _bug=bug)
+                                      softmax_scale=spec.scale, causal=spec.causal == "bottom_right",
+                                      attn_sink=spec.sinks, _bug=bug)
     out = out.transpose(1, 2)
     return av.Output(out, lse=lse) if spec.return_lse else out
 
@@ -158,6 +173,7 @@ def _wrong_decode(bug):
 
 flashmla_like_v_wrong_slice = _wrong_decode("v_wrong_slice")
 flashmla_like_rope_dropped = _wrong_decode("rope_dropped")
+flashmla_like_sink_ignored = _wrong_decode("sink_ignored")
 flashmla_like_lse_base2 = _wrong_decode("lse_base2")
 flashmla_like_page_index_off_by_one = _wrong_decode("page_index_off_by_one")
 
