@@ -3,6 +3,7 @@
     sink_excluded(claims, spec)                     True where a call has sinks and the adapter claims sink_in_lse=False
     expected_lse(claims, q, k, v, spec, ref_lse)    the expected LSE: sink_in_lse, then keyless_lse
     expected_grads(claims, q, k, v, spec, d_out, d_lse)  reference gradients with the LSE's term in that convention
+    observed_lse(claims, spec, lse)                 an adapter's LSE back in the contract's convention (the diagnosis)
 
 The one home of `sink_in_lse` (docs/adapters.md). The contract's LSE has the sink in its sum (LSE = logsumexp(scores
 and sink), a row with no visible key LSE = the sink: FA4's convention). FlashMLA's flash_mla_interface.py says of
@@ -57,4 +58,20 @@ def expected_grads(claims, q, k, v, spec: Spec, d_out, d_lse: Optional[torch.Ten
     return ReferenceGrads(g_out.dq + g_lse.dq, g_out.dk + g_lse.dk, g_out.dv + g_lse.dv, g_out.dsinks)
 
 
-__all__ = ["sink_excluded", "expected_lse", "expected_grads"]
+def observed_lse(claims, spec: Spec, lse: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """An adapter's LSE (B, H, Lq) in the contract's convention, float64 on the CPU: what the diagnosis fits against
+    the reference and its alternatives, which are all in that convention. keyless_lse="+inf": +inf read as -inf
+    (log 0); sink_in_lse=False: the sink added back, logaddexp(lse, sink_h) (exact: the LSE over the keys and the sink).
+    Without them, the LSE as given. Otherwise an LSE left out of the sink would fit "sinks ignored" on every failure."""
+    if not isinstance(lse, torch.Tensor):
+        return lse
+    lse = lse.detach().to("cpu", torch.float64)
+    if getattr(claims, "keyless_lse", "-inf") == "+inf":
+        lse = torch.where(torch.isposinf(lse), torch.full_like(lse, -math.inf), lse)
+    if sink_excluded(claims, spec) and lse.dim() == 3:
+        sinks = torch.as_tensor(spec.sinks).detach().to("cpu", torch.float64).view(1, -1, 1)
+        lse = torch.logaddexp(lse, sinks.expand_as(lse))
+    return lse
+
+
+__all__ = ["sink_excluded", "expected_lse", "expected_grads", "observed_lse"]

@@ -170,3 +170,29 @@ def test_dsinks_of_a_row_far_below_its_sink_is_judged_against_a_baseline_in_the_
              "sinks": {"kind": "normal", "level": 0.5, "seed": 0}}
     res = get_property("sinks_match_reference").run_example(KEYS_CLAIMED, drawn)
     assert res.status == "passed", res.message
+
+
+def _scale_doubled_keys_lse(q, k, v, spec):
+    """FlashMLA's LSE convention (keys only), with the softmax scale doubled (a bug in out and LSE alike)."""
+    return _impl("keys")(q, k, v, spec.replace(scale=2 * spec.resolved_scale(q.shape[-1])))
+
+
+@pytest.mark.parametrize("keyless", ["-inf", "+inf"])
+def test_diagnosis_reads_the_lse_in_the_declared_convention(keyless):
+    """The diagnosis fits the adapter's LSE against alternatives in the contract's convention: an adapter declaring
+    sink_in_lse=False (and keyless_lse) with a doubled scale is diagnosed as that, not left unexplained because its
+    keys-only LSE fits no alternative (nor named "sinks ignored", which its LSE alone would fit)."""
+    from attnverify.diagnose import diagnose_result
+
+    fn = _scale_doubled_keys_lse
+    if keyless == "+inf":
+        def fn(q, k, v, spec):
+            o = _scale_doubled_keys_lse(q, k, v, spec)
+            return av.Output(o.out, lse=torch.where(torch.isneginf(o.lse), torch.full_like(o.lse, math.inf), o.lse))
+    a = av.adapter(f"sinklse-scale2-{keyless}", register=False, **dict(BASE, sink_in_lse=False, keyless_lse=keyless))(fn)
+    res = av.check(a, _case())
+    assert res.status == "failed" and {c.name for c in res.failing()} >= {"out", "lse"}, res.message()
+    d = diagnose_result(res, adapter=a)
+    assert "scale doubled" in d.summary, (d.summary, [(e.key, e.fits) for e in d.explanations])
+    ignores = av.check(OUT_IGNORES_SINK, _case())
+    assert "sinks ignored" in diagnose_result(ignores, adapter=OUT_IGNORES_SINK).summary

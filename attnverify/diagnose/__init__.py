@@ -49,7 +49,12 @@ def diagnose_result(result, *, adapter=None, dropout_mask=None) -> Diagnosis:
     fm = claims.fully_masked if claims is not None else "zeros"
     tiles = claims.tiles if claims is not None else None
     keep = dropout_mask if dropout_mask is not None else result.outputs.get("dropout_mask")
-    d = diagnose(result.case, result.outputs, failing=failing, declared_fully_masked=fm, tiles=tiles,
+    observed = dict(result.outputs)
+    if claims is not None and "lse" in observed:  # the adapter's declared LSE conventions, back in the contract's
+        from ..lse_conventions import observed_lse
+
+        observed["lse"] = observed_lse(claims, result.case.spec, observed["lse"])
+    d = diagnose(result.case, observed, failing=failing, declared_fully_masked=fm, tiles=tiles,
                  tol_norm=tol, dropout_mask=keep)
     from ..precision_diagnosis import with_precision  # issue 20: name precision where semantics explain nothing
 
