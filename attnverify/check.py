@@ -25,7 +25,7 @@ from .spec import Output
 from .tolerances import SCORE_U, UNIT_ROUNDOFF, tolerance_for
 from .timesplit import phase, timed
 from .lse_conventions import expected_grads, expected_lse as lse_in_convention, sink_excluded
-from .verdicts import bitwise_equal, keyless_lse_expected, severity
+from .verdicts import bitwise_equal, severity
 
 STATUSES = ("passed", "failed", "error", "skipped")
 
@@ -215,19 +215,19 @@ def check(
     elif any_fm and claims.fully_masked == "unsupported":
         ignore_rows = fm
         notes.append(f"{int(fm.sum())} fully-masked row(s) ignored: {adapter.name} declares them unsupported")
-    elif any_fm and spec.return_lse and claims.keyless_lse != "-inf":
-        expected_lse = keyless_lse_expected(ref.lse, claims.keyless_lse)
-        notes.append(f"{int(fm.sum())} row(s) with no visible key: LSE held to the declared keyless_lse="
-                     f"{claims.keyless_lse!r}")
     lse_keyless_ign = None  # sink_in_lse=False: rows whose keys-only LSE is a keyless row's, under "unsupported"
-    if spec.return_lse and claims.lse and sink_excluded(claims, spec):
-        expected_lse = lse_in_convention(claims, jcase.q, jcase.k, jcase.v, jcase.spec, ref.lse, dropout_mask=j_keep)
-        notes.append("LSE held to the declared sink_in_lse=False: over the visible keys only, the sinks left out "
-                     "(the output keeps them in its denominator)")
-        if claims.fully_masked == "unsupported" and bool(torch.isneginf(expected_lse).any()):
-            lse_keyless_ign = torch.isneginf(expected_lse)
-            notes.append(f"{int(lse_keyless_ign.sum())} row(s) with no visible key: their sink-less LSE (and dQ) not "
-                         f"judged, {adapter.name} declares keyless rows unsupported; their output (0) is")
+    if spec.return_lse and claims.lse:  # the LSE the adapter declares (lse_conventions: sink_in_lse, then keyless_lse)
+        expected_lse = lse_in_convention(claims, jcase.q, jcase.k, jcase.v, jcase.spec, expected_lse, dropout_mask=j_keep)
+        if sink_excluded(claims, spec):
+            notes.append("LSE held to the declared sink_in_lse=False: over the visible keys only, the sinks left out "
+                         "(the output keeps them in its denominator)")
+            if claims.fully_masked == "unsupported" and bool(torch.isneginf(expected_lse).any()):
+                lse_keyless_ign = torch.isneginf(expected_lse)
+                notes.append(f"{int(lse_keyless_ign.sum())} row(s) with no visible key: their sink-less LSE (and dQ) not "
+                             f"judged, {adapter.name} declares keyless rows unsupported; their output (0) is")
+        elif any_fm and claims.keyless_lse != "-inf":
+            notes.append(f"{int(fm.sum())} row(s) with no visible key: LSE held to the declared keyless_lse="
+                         f"{claims.keyless_lse!r}")
 
     mags = magnitudes(jcase)
     levels = row_levels(jcase, ref.lse)  # None without an additive bias
@@ -261,14 +261,15 @@ def check(
             t = t.rows_at(torch.clamp(levels, min=mags["S"]), loosen=loosen)
         return t
 
+    # the rows the LSE (and dQ) are not judged on: the check's, and keyless rows of a sink-less LSE under "unsupported"
+    lse_ign = ignore_rows if lse_keyless_ign is None else \
+        (lse_keyless_ign if ignore_rows is None else ignore_rows | lse_keyless_ign.to(ignore_rows.device))
     comps.append(compare("out", j_out, expected_out, tol("out", case.q.dtype),
                          ignore=None if ignore_rows is None else ignore_rows.unsqueeze(-1)))
     if spec.return_lse and claims.lse:
         if lse is None:
             comps.append(compare("lse", None, expected_lse, tol("lse", case.q.dtype)))
         else:
-            lse_ign = ignore_rows if lse_keyless_ign is None else \
-                (lse_keyless_ign if ignore_rows is None else ignore_rows | lse_keyless_ign.to(ignore_rows.device))
             nan_rows = torch.isnan(expected_lse) if claims.fully_masked == "nan" else fm  # fm, or keyless sink-less
             if bool(nan_rows.any()) and claims.fully_masked == "nan":  # -inf is as good as NaN for an LSE here
                 lse_nan = torch.where(nan_rows.to(lse.device) & torch.isneginf(lse.detach()), torch.full_like(lse.detach(), math.nan), lse.detach())
@@ -282,9 +283,7 @@ def check(
         if any_fm and claims.fully_masked == "nan":
             notes.append("gradients not compared: fully-masked rows produce NaN by declaration")
         else:
-            g_ign = ignore_rows if lse_keyless_ign is None else \
-                (lse_keyless_ign if ignore_rows is None else ignore_rows | lse_keyless_ign.to(ignore_rows.device))
-            comps += _check_grads(adapter, jcase, q, k, v, out, lse, j_keep, gen, tol, g_ign, outputs, cache, twin)
+            comps += _check_grads(adapter, jcase, q, k, v, out, lse, j_keep, gen, tol, lse_ign, outputs, cache, twin)
     # an append writes k_new / v_new into the caches in place: they must then be what cache_after says, the rest as given
     k_exp, v_exp = (case.k, case.v) if spec.k_new is None else cache_after(case.k, case.v, spec)
     after_bad = [n for n, b, t in zip("qkv", (case.q, k_exp, v_exp), (q, k, v)) if not bitwise_equal(b.detach(), t.detach())]

@@ -21,7 +21,7 @@ from ..case import DTYPES, Case
 from ..check import unpack_output
 from ..reference import reference_forward
 from ..spec import Spec
-from ..verdicts import keyless_lse_expected
+from ..lse_conventions import expected_lse
 from ._within import Refused, ensure_claimed
 from .base import ExampleResult, Property
 from .serving import judge_pairs
@@ -131,7 +131,7 @@ class MlaLatentViews(Property):
             ref = reference_forward(c.q, c.k, c.k[..., :dv], spec)
             out = {"out": (o1, ref.out), "out_views_vs_copies": (o1, o2.double().cpu())}
             if spec.return_lse:
-                out["lse"] = (lse1, keyless_lse_expected(ref.lse, a.claims.keyless_lse))
+                out["lse"] = (lse1, expected_lse(a.claims, c.q, c.k, c.k[..., :dv], spec, ref.lse))
             if grad:
                 out["d_latent"] = (g1, g2.double().cpu())
             return out

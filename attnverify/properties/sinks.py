@@ -224,15 +224,17 @@ class SinkAsExtraKey(SinkProperty):
         def pairs(a, c):
             got = run(a, c.q, c.k, c.v, c.spec)
             ext = extra_key_case(c)
-            if unclaimed(a, ext) is None:
+            own = unclaimed(a, ext) is None
+            if own:
                 exp = run(a, ext.q, ext.k, ext.v, ext.spec)
             else:
                 r = reference_forward(ext.q, ext.k, ext.v, ext.spec)
-                exp = {"out": r.out, "lse": expected_lse(a.claims, c.q, c.k, c.v, c.spec, r.lse)}
-            if "lse" in exp and sink_excluded(a.claims, c.spec):
-                # the returned LSE leaves the sink out, the extra key's has it as a key: only the output is the
-                # identity; the LSE is held to the reference's over the visible keys (lse_conventions)
-                exp["lse"] = expected_lse(a.claims, c.q, c.k, c.v, c.spec, None)
+                exp = {"out": r.out, "lse": r.lse}
+            if "lse" in exp and (not own or sink_excluded(a.claims, c.spec)):
+                # the reference's LSE in the adapter's convention; under sink_in_lse=False the returned LSE leaves the
+                # sink out while the extra key's has it as a key: only the output is the identity, the LSE is held to
+                # the reference's over the visible keys (lse_conventions.expected_lse computes it then)
+                exp["lse"] = expected_lse(a.claims, c.q, c.k, c.v, c.spec, exp["lse"])
             return {n: (got[n], exp[n].double().cpu()) for n in got if n in exp}
 
         return judge_pairs(self, adapter, case, params, pairs)
