@@ -6,6 +6,7 @@ ci profile within 60 s), a user's file adapter claiming fp8 + descales only, and
 saved case."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -30,6 +31,7 @@ from attnverify.zoo.selftest import run_member
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 E4M3 = "float8_e4m3fn"
+E5M2 = "float8_e5m2"
 MEMBERS = ("fp8-descale-dropped", "fp8-descale-twice", "fp8-v-descale-on-p", "fp8-p-cast-before-max")
 FP8_PROPS = ("fp8_matches_reference", "descale_linearity")
 
@@ -183,8 +185,8 @@ def test_naive_and_an_fa3_like_engine_hold(prop):
     assert run.statuses.get("passed", 0) >= 5
 
 
-def _ignores(which):
-    @av.adapter(f"ignores-{which}", register=False, dtypes=(E4M3,), descales=True, gqa=True, lse=True,
+def _ignores(which, dtype=E4M3):
+    @av.adapter(f"ignores-{which}", register=False, dtypes=(dtype,), descales=True, gqa=True, lse=True,
                 causal=("none", "bottom_right"))
     def impl(q, k, v, spec):
         return naive_attention(q, k, v, spec.replace(**{f"{which}_descale": None}))
@@ -215,6 +217,38 @@ def test_descale_linearity_scales_an_expanded_kv_input(which):
     assert held.passed, held.message
     res = prop.judge(_ignores(which), c, {"tensor": which, "factor": 2.0})
     assert not res.passed and "descale_linearity FAILED" in res.message, res.message
+
+
+def _flushes_subnormals():
+    """A correct engine whose matrix unit flushes subnormal fp8 operands to 0 (as the H200's fp8 dots appear to)."""
+    @av.adapter("flushes-fp8-subnormals", register=False, dtypes=(E4M3, E5M2), descales=True, gqa=True, lse=True,
+                causal=("none", "bottom_right"))
+    def impl(q, k, v, spec):
+        def flush(x):
+            a = x.float().abs()
+            return torch.where((a > 0) & (a < torch.finfo(x.dtype).tiny), 0.0, x.float()).to(x.dtype)
+
+        return naive_attention(flush(q), flush(k), flush(v), spec)
+
+    return impl
+
+
+@pytest.mark.parametrize("factor", [2.0, 4.0, 0.25])
+def test_descale_linearity_keeps_subnormal_operands_out_of_the_bitwise_comparison(factor):
+    """On the H200 every descale_linearity failure of the bundled kernel (31, e5m2) scaled a v holding subnormal
+    elements; a scaling that turns one normal changes what a flushing matrix unit sees. The drawn input's subnormals
+    are set to 0 in both calls, so such an engine holds, while one that ignores v's descale still fails."""
+    c = _case(dtype=E5M2, descales="uniform", v_std=0.5)
+    v = c.v.float().clone()
+    v[..., 0] = 0.0
+    v[:, :, 3, 0] = 2.0**-16  # e5m2's smallest subnormal, alone in column 0: out[..., 0] is its contribution only
+    c = dataclasses.replace(c, v=v.to(torch.float8_e5m2))
+    prop = DescaleLinearity()
+    res = prop.judge(_flushes_subnormals(), c, {"tensor": "v", "factor": factor})
+    assert res.passed, res.message
+    assert prop.judge(get("naive"), c, {"tensor": "v", "factor": factor}).passed
+    bad = prop.judge(_ignores("v", E5M2), c, {"tensor": "v", "factor": factor})
+    assert not bad.passed and "subnormal element(s) of the drawn v set to 0" in bad.message, bad.message
 
 
 def test_descale_linearity_judges_a_re_rounded_input_against_the_reference():
