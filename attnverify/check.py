@@ -255,7 +255,8 @@ def check(
     def tol(name, dtype):
         b = base.get(name) if base else (None, None, None, None)
         t = tolerance_for(name, dtype, baseline_rel_l2=b[0], baseline_max_abs=b[1], score_max=score_max,
-                          scale_floor=mags.get(name, 0.0), loosen=loosen, rounding_rel_l2=b[2], judged_n=b[3])
+                          scale_floor=mags.get(name, 0.0), loosen=loosen, rounding_rel_l2=b[2], judged_n=b[3],
+                          ftz_floor=mags["ftz"].get(name, 0.0))
         if levels is not None and name in ("out", "lse", "dq") and math.isfinite(t.u):
             # per query row: a row lifted by the bias gets its own level, the others keep S
             t = t.rows_at(torch.clamp(levels, min=mags["S"]), loosen=loosen)

@@ -29,9 +29,10 @@ def magnitudes(case: Case) -> dict:
     # every statistic in one host round trip (issue 25: a GPU sync each); the same float64 values as
     # float(q.norm(dim=-1).max()) and the RMS float(t.norm() / sqrt(numel))
     zero = torch.zeros((), dtype=q.dtype, device=q.device)
-    qn, kn, rms_q, rms_k, rms_v = torch.stack([
+    qn, kn, rms_q, rms_k, rms_v, q_max, k_max, v_max = torch.stack([
         q.norm(dim=-1).max() if q.numel() else zero, k.norm(dim=-1).max() if k.numel() else zero,
-        *(t.norm() / math.sqrt(max(1, t.numel())) for t in (q, k, v))]).tolist()
+        *(t.norm() / math.sqrt(max(1, t.numel())) for t in (q, k, v)),
+        *(t.abs().max() if t.numel() else zero for t in (q, k, v))]).tolist()
     S = abs(scale) * qn * kn
     if case.spec.softcap is not None:
         S = _capped_score_sensitivity(q, k, scale, case.spec.softcap)
@@ -45,7 +46,30 @@ def magnitudes(case: Case) -> dict:
         "dk": 0.25 * abs(scale) * dp * rms_q * math.sqrt(max(1.0, q.shape[2] / max(1, k.shape[2]))),
         "dv": 0.0,
         "lse": 1.0,
+        "ftz": ftz_floors(q.shape, k.shape, v.shape[-1], abs(scale), q_max, k_max, v_max),
     }
+
+
+# float32's smallest normal number. A kernel that forms P in float32 with flush-to-zero arithmetic (the GPU's fast
+# exp2, its matrix units) drops every probability below it. Measured on the H200 (2026-12-05, the thorough run):
+# the bundled kernel's dV was 0 where the reference's was ~1e-41 (sinks_match_reference, float32, scores shifted by
+# -100 under a sink: every P ~ e^-99), 86% of the elements "mismatched" by 1.5e-41; the interpreter keeps
+# subnormals and passed the same case.
+FTZ_TINY = 2.0 ** -126
+UPSTREAM_MAX = 8.0  # |dO| and |dLSE| of check's standard-normal upstream gradients (P(|x| > 8) ~ 1e-15 per element)
+
+
+def ftz_floors(q_shape, k_shape, head_dim_v: int, scale: float, q_max: float, k_max: float, v_max: float) -> dict:
+    """Per output, the largest absolute error of dropping every probability below FTZ_TINY (each term it drops is
+    below FTZ_TINY times its other factor): out_i = sum_j P_ij v_j / l_i with l_i >= 1 (max subtracted); dV_j =
+    sum_i P_ij dO_i over the queries of its kv head; dS_ij = P_ij (dP_ij - D_i) with |dP - D| <= 2 |dO| |v|_1 +
+    |dLSE|, into dQ through scale * k and into dK through scale * q. Far below any real tolerance (~1e-34 for
+    unit inputs): it only keeps results that float32 cannot hold from counting as errors."""
+    lq, lk = q_shape[2], k_shape[2]
+    rows = lq * max(1, q_shape[1] // max(1, k_shape[1]))  # queries per key: Lq times the GQA group
+    dpd = 2.0 * UPSTREAM_MAX * v_max * head_dim_v + UPSTREAM_MAX
+    return {"out": lk * FTZ_TINY * v_max, "dv": rows * FTZ_TINY * UPSTREAM_MAX,
+            "dq": lk * FTZ_TINY * scale * k_max * dpd, "dk": rows * FTZ_TINY * scale * q_max * dpd, "lse": 0.0}
 
 
 def score_bound(case: Case, ref_lse: Optional[torch.Tensor] = None) -> float:

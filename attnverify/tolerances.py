@@ -248,13 +248,20 @@ def tolerance_for(
     loosen: float = 1.0,
     rounding_rel_l2: Optional[float] = None,
     judged_n: Optional[int] = None,
+    ftz_floor: float = 0.0,
+    sides: int = 1,
 ) -> Tolerance:
     """The bound for one output. `loosen` (>= 1) is a user's explicit, reported widening.
 
     With `rounding_rel_l2` (expected_rounding of the reference, in the check's metric, as is
     `baseline_rel_l2` then) the per-case rule applies where the baseline is informative (see the module
     docstring); without it, the constant floors (every caller but `check`). `judged_n`: the number of elements
-    the norm runs over (PER_CASE_MIN_N)."""
+    the norm runs over (PER_CASE_MIN_N). `ftz_floor` (magnitudes.ftz_floors): an absolute error every element and
+    the norm may reach, that of flushing float32 subnormal probabilities; it raises the element-wise floor and the
+    scale floor (ftz_floor / norm: a norm-wise error up to ftz_floor * sqrt(n) passes). `sides=2`: both values
+    compared carry an implementation's rounding (an adapter's output held to another of its own outputs), so their
+    errors against the exact answer add up: the u-floors (norm and element-wise) are doubled, the baseline terms
+    (the same pair computed by the baseline) are not."""
     if output not in OUTPUTS:
         raise ValueError(f"tolerance_for(output={output!r}): use one of {OUTPUTS}")
     if not loosen >= 1.0:
@@ -267,6 +274,9 @@ def tolerance_for(
     fp8_out = dtype_name(dtype) in FP8_DTYPES and output in FP8_NORM_U
     k = FP8_BASELINE_FACTOR[output] if fp8_out else BASELINE_FACTOR[output]
     fs = _widened_u(output, dtype, score) / u if math.isfinite(u) else 1.0
+    if sides not in (1, 2):
+        raise ValueError(f"tolerance_for(sides={sides!r}): 1 (against an exact value) or 2 (two rounded values)")
+    fs *= sides
     norm = (FP8_NORM_U[output] if fp8_out else NORM_U[output]) * u * fs
     if per_case_applies(output, dtype, baseline_rel_l2, rounding_rel_l2, judged_n) and math.isfinite(u):
         if output == "lse":  # float32 by SPEC: the float32 floor, whatever the input dtype
@@ -282,4 +292,7 @@ def tolerance_for(
     if baseline_max_abs is not None and baseline_max_abs == baseline_max_abs:
         floor = k * float(baseline_max_abs)
     elem_u = FP8_ELEM_U[output] if fp8_out else ELEM_U[output]
+    if ftz_floor > 0 and norm > 0:
+        floor = max(floor, ftz_floor)
+        scale_floor = max(scale_floor, ftz_floor / (norm * loosen))
     return Tolerance(output, dtype_name(dtype), norm * loosen, elem_u * fs * loosen, u, floor * loosen, scale_floor)

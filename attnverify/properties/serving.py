@@ -61,12 +61,18 @@ def bounds(case: Case) -> Tuple[float, dict]:
     subs = gathered_cases(case)
     mags = [magnitudes(c) for c in subs]
     s = max([score_bound(c) for c in subs] or [0.0])
-    return s, {k: max(m[k] for m in mags) for k in mags[0]} if mags else {}
+    if not mags:
+        return s, {}
+    floors = {k: max(m[k] for m in mags) for k in mags[0] if k != "ftz"}
+    floors["ftz"] = {k: max(m["ftz"][k] for m in mags) for k in mags[0]["ftz"]}
+    return s, floors
 
 
 def judge_pairs(prop, adapter, case: Case, params: dict, pairs_of: Callable[[object, Case], Pairs],
-                problems: Optional[List[str]] = None, bitwise: bool = False) -> ExampleResult:
-    """Compare every (got, expected) pair of `pairs_of(adapter, case)`; bitwise=True demands identity."""
+                problems: Optional[List[str]] = None, bitwise: bool = False, sides: int = 1) -> ExampleResult:
+    """Compare every (got, expected) pair of `pairs_of(adapter, case)`; bitwise=True demands identity. sides=2:
+    the expected values are the adapter's own outputs too (another call, or a merge of calls), not the float64
+    reference: both carry its rounding, and their errors add up (tolerance_for's sides)."""
     from ..adapters.naive import naive
 
     problems = problems if problems is not None else []  # the same list: pairs_of may add to it
@@ -86,7 +92,7 @@ def judge_pairs(prop, adapter, case: Case, params: dict, pairs_of: Callable[[obj
                 problems.append(f"{n}: not bitwise identical ({diff}), although {adapter.name} claims deterministic=True")
         comps = []
     else:  # a pair the adapter left empty (got None) fails in compare, like every other property's pairs
-        comps = compare_pairs(mine, case.dtype, score_max=s_max, scale_floors=mags, baseline=base)
+        comps = compare_pairs(mine, case.dtype, score_max=s_max, scale_floors=mags, baseline=base, sides=sides)
     sev = severity(comps)
     failing = [c for c in comps if not c.passed]
     passed = not failing and not problems
@@ -160,7 +166,9 @@ class PagedEqualsContiguous(CacheProperty):
                                     f"contiguous call (unused pages / slots past cache_seqlens hold {case.recipe.garbage})")
             return {n: (got[n], exp[n]) for n in got if n in exp}
 
-        return judge_pairs(self, adapter, case, params, pairs, problems)
+        # the contiguous calls are the adapter's own where it claims them (else the float64 reference's)
+        mine = all(unclaimed(adapter, s) is None for s in gathered_cases(case))
+        return judge_pairs(self, adapter, case, params, pairs, problems, sides=2 if mine else 1)
 
 
 class KvCacheAppend(CacheProperty):

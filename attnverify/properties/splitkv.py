@@ -73,7 +73,7 @@ class SplitInvariance(CacheProperty):
             y = run(a, c.q, c.k.clone(), c.v.clone(), split)
             return {f"{n}:splits={k}": (y[n], x[n]) for n in x if n in y}
 
-        res = judge_pairs(self, adapter, case, params, pairs)
+        res = judge_pairs(self, adapter, case, params, pairs, sides=2)
         if res.passed and adapter.claims.deterministic:
             def again(a, c):
                 x = run(a, c.q, c.k.clone(), c.v.clone(), split)
@@ -151,7 +151,7 @@ class LseMerge(CaseProperty):
             return {"out": (full["out"][:, :, r0:], merged[:, :, r0:]), "lse": (full["lse"][:, :, r0:], lse[:, :, r0:])}
 
         extra = {"K1 size": n1, "K2 size": lk - n1, **({"rows judged from": r0} if r0 else {})}
-        return judge_pairs(self, adapter, case, {**params, **extra}, pairs)
+        return judge_pairs(self, adapter, case, {**params, **extra}, pairs, sides=2)
 
 
 class BatchInvariance(CacheProperty):
@@ -200,7 +200,7 @@ class BatchInvariance(CacheProperty):
         params = {**params, "request": b}
         if adapter.claims.deterministic:
             return judge_pairs(self, adapter, case, params, pairs, bitwise=True)
-        return judge_pairs(self, adapter, case, params, pairs)
+        return judge_pairs(self, adapter, case, params, pairs, sides=2)
 
 
 SPLIT_PROPERTIES = [SplitInvariance(), LseMerge(), BatchInvariance()]
