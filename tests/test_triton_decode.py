@@ -58,6 +58,11 @@ CASES = {
         page_size=73, num_pages=4, cache_batch_idx=[2, 0, 3], garbage="nan", dtype="bfloat16", device=DEV,
         causal="top_left", window=(16, 0), softcap=5.0, alibi=True, return_lse=True, num_splits=4, scale=0.5),
     "float32-gqa16-splits8": _recipe(heads_q=16, heads_kv=1, dtype="float32", num_splits=8, head_dim=16),
+    # float32 at D > 128 takes 16 x 16 tiles (decode_tiles): 24 query rows per kv head span two row tiles
+    "float32-d160-gqa8-lq3-splits2": _recipe(heads_q=8, heads_kv=1, len_q=3, len_k=93, new_len=3, dtype="float32",
+                                             causal="bottom_right", num_splits=2, head_dim=160, cache_lens=[90, 0, 41],
+                                             block_table=[list(range(59, 45, -1)), list(range(14)),
+                                                          list(range(20, 34))]),
     "paged-leftpad-append-causal-splits3": _recipe(
         len_q=2, len_k=80, new_len=2, causal="bottom_right", num_splits=3, cache_lens=[88, 9, 41],
         cache_leftpad=[10, 9, 0], garbage="nan"),
@@ -92,6 +97,18 @@ def test_paged_decode_matches_the_reference_and_appends_in_place(name):
         assert not cache_problems(case, k_exp, v_exp)  # the append wrote where it belongs, nothing else
     else:
         assert torch.equal(torch.nan_to_num(case.k, nan=7.0), torch.nan_to_num(k_exp, nan=7.0))
+
+
+def test_decode_tiles_shrink_for_float32_at_large_head_dims():
+    """float32 tiles live in registers (CUDA-core dots): on the H200 the 64 x 64 tiles at D = 160 failed to launch
+    ("out of memory": spilled registers); half types keep 64 x 64."""
+    from attnverify.kernels.serving import decode_tiles
+
+    assert decode_tiles(torch.float16, 256, 8) == (16, 64, 2)
+    assert decode_tiles(torch.bfloat16, 256, 100) == (64, 64, 2)
+    assert decode_tiles(torch.float32, 64, 100) == (64, 64, 2)
+    assert decode_tiles(torch.float32, 128, 100) == (32, 32, 2)
+    assert decode_tiles(torch.float32, 256, 100) == (16, 16, 1)
 
 
 def test_paged_decode_is_split_and_batch_invariant_bitwise():

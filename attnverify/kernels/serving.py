@@ -31,6 +31,20 @@ SPLIT_TARGET = 512  # keys per split when num_splits is None (GPU)
 MAX_SPLITS = 64
 
 
+def decode_tiles(dtype: torch.dtype, block_d: int, rows: int) -> Tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_stages) of the split-KV decode kernel for a head-dim tile `block_d` and `rows` query
+    rows per kv head (group * Lq). float32 runs its dots on the CUDA cores (input_precision="ieee"), its tiles in
+    registers: at D > 128 the half-type tiles (64 x 64, 2 stages) took 28-34 s to compile and failed to launch with
+    "Triton Error [CUDA]: out of memory" on the H200 (2026-12-05, the thorough run, D = 160: the spilled registers'
+    local memory); float32 takes the forward kernel's float32 tiles (launch._cuda_tiles) instead."""
+    bm = max(16, min(64, triton_next_pow2(rows)))
+    if dtype != torch.float32 or block_d <= 64:
+        return bm, 64, 2
+    if block_d <= 128:
+        return min(bm, 32), 32, 2
+    return 16, 16, 1
+
+
 def _bad(arg: str, why: str) -> ValueError:
     return ValueError(f"paged_decode({arg}=...): {why}")
 
@@ -164,8 +178,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
             raise _bad("sinks", f"one logit per query head: ({hq},); got {tuple(torch.as_tensor(sinks).shape)}")
     interp = interpreting()
     group = hq // hkv
-    bm = max(16, min(64, triton_next_pow2(group * lq)))
-    bn = block_n or 64
+    bd, bdv = max(16, triton_next_pow2(d)), max(16, triton_next_pow2(dv))
+    bm, bn, stages = decode_tiles(q.dtype, max(bd, bdv), group * lq)
+    bn = block_n or bn
     if num_splits is None:
         capacity = table.shape[1] * page
         max_splits = 1 if interp else max(1, min(MAX_SPLITS, -(-capacity // SPLIT_TARGET)))
@@ -180,7 +195,6 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         op = torch.empty(b, hq, lq, max_splits, dv, device=q.device, dtype=torch.float32)
         lp = torch.empty(b, hq, lq, max_splits, device=q.device, dtype=torch.float32)
         op_strides, lp_strides = op.stride(), lp.stride()
-    bd, bdv = max(16, triton_next_pow2(d)), max(16, triton_next_pow2(dv))
     flags = dict(IS_CAUSAL=causal != "none", CAUSAL_BR=causal == "bottom_right", HAS_WINDOW=win != (-1, -1),
                  HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None, UPCAST=interp,
                  IEEE=q.dtype == torch.float32)
@@ -193,7 +207,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         sc, sc * common.LOG2E_F, cap_scale, cap_c2, wl, wr,
         d, dv, BLOCK_D=bd, BLOCK_DV=bdv, EVEN_D=d == bd, EVEN_DV=dv == bdv, BLOCK_M=bm, BLOCK_N=bn,
         DIRECT=direct, SPLIT_ALIGN=16, ROW_IS_BATCH=row_is_batch, HAS_LEFTPAD=pads is not None,
-        num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else 2), **flags,
+        num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else stages), **flags,
     )
     if not direct:
         rows_n = b * hq * lq
