@@ -113,8 +113,9 @@ class Contract(CaseProperty):
         brel, babs = error_stats(base, ref.out)
         probe = dataclasses.replace(case, q=q, k=k, v=v)
         # large scores round like check() allows for (row_shift cases, additive biases)
-        tol = tolerance_for("out", dname, baseline_rel_l2=brel, baseline_max_abs=babs,
-                            scale_floor=magnitudes(probe)["out"], score_max=score_bound(probe, ref.lse))
+        mags = magnitudes(probe)
+        tol = tolerance_for("out", dname, baseline_rel_l2=brel, baseline_max_abs=babs, scale_floor=mags["out"],
+                            ftz_floor=mags["ftz"]["out"], score_max=score_bound(probe, ref.lse))
         c = compare("out", out, ref.out, tol)
         if not c.passed:
             return head + f" that are WRONG (rel L2 {c.rel_l2:.2g} vs {c.tol_norm:.2g} allowed) instead of raising"

@@ -192,7 +192,7 @@ class NonfiniteInputsPropagate(CaseProperty):
         brel, babs = error_stats(b, r0)
         mags = magnitudes(case)
         tol = tolerance_for("out", case.dtype, baseline_rel_l2=brel, baseline_max_abs=babs,
-                            score_max=score_bound(case, ref.lse), scale_floor=mags["out"])
+                            score_max=score_bound(case, ref.lse), scale_floor=mags["out"], ftz_floor=mags["ftz"]["out"])
         c = compare("out", out, ref.out, tol, ignore=ignore)
         missing = bad_rows & ~got_rows
         problems = []
