@@ -50,9 +50,9 @@ PROGRESS_EVERY_S = 20.0  # a progress line at most this often: a user sees it wo
 
 
 def parse_budget(value: Any, source: str = BUDGET_OPTION) -> float:
-    """The pre-warm's budget in seconds from `value` (a number or its text; None or empty: DEFAULT_BUDGET_S): a finite
-    number above 0, else ValueError naming `source` (the option, variable or argument it came from) and the fix."""
-    if value is None or (isinstance(value, str) and not value.strip()):
+    """The pre-warm's budget in seconds from `value` (a number or its text; None: DEFAULT_BUDGET_S): a finite number
+    above 0, else ValueError naming `source` (the option, variable or argument it came from) and the fix."""
+    if value is None:
         return DEFAULT_BUDGET_S
     try:
         b = None if isinstance(value, bool) else float(value)
@@ -188,7 +188,7 @@ def warm_example(adapter, prop, drawn, scratch: str) -> tuple:
         return True, 0, f"{prop.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
-class _RoundRobin:
+class RoundRobin:
     """The warm tasks in the order they are handed out: the k-th distinct example of every pair drawn so far before the
     (k+1)-th of any (ties: the pairs' order), so that a pre-warm its budget stops has warmed the first examples of every
     property (what a run meets first: its corpus, then its first draws) rather than all the examples of a few. A pair
@@ -244,7 +244,7 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
     `prewarm` hook, is unavailable here or is skipped by the property are left out) with the run's profile, seed,
     example count, device and example database (a private copy; `...`: an empty one), on `workers` processes (default:
     every core): each pair's draws, and each drawn example judged inside the adapter's prewarm context as soon as its
-    pair is drawn, in round-robin order (_RoundRobin: the first examples of every property first). It stops after
+    pair is drawn, in round-robin order (RoundRobin: the first examples of every property first). It stops after
     `budget_s` seconds (parse_budget; the run then compiles the rest itself, and a hang cannot hold the run).
     `progress(line)` is called once at the start and then at most every `progress_every_s` seconds (default
     PROGRESS_EVERY_S) with progress_line's line. Returns {"adapters": [names], "workers", "seconds", "draw_seconds",
@@ -292,7 +292,7 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
                  settings=dict(profile=profile, seed=seed, max_examples=max_examples, device=device,
                                database=_shared_copy(database, scratch), copy=False))
     say(f"attnverify prewarm: drawing and compiling the examples of {len(pairs)} (adapter, property) pairs "
-        f"({', '.join(res['adapters'])}) on {n} processes before the run starts, for at most {budget_s:g} s "
+        f"({', '.join(res['adapters'])}) on {n} process{'es' if n != 1 else ''} before the run starts, for at most {budget_s:g} s "
         f"({BUDGET_OPTION}; then the run starts and compiles the rest)")
     errors: List[str] = []
     st = {"pairs": len(pairs), "drawn": 0, "examples": 0, "distinct": 0, "warmed": 0, "compiles": 0}
@@ -311,7 +311,7 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
         for i in range(len(pairs)):  # all the draws first: the pool's queue is first come, first served
             pool.apply_async(_draw_pair, (i,), callback=lambda r, i=i: done.put(("drawn", i, r)),
                              error_callback=lambda e, i=i: done.put(("drawn", i, ([], f"drawing: {type(e).__name__}: {e}"))))
-        feed, in_flight = _RoundRobin(), 0
+        feed, in_flight = RoundRobin(), 0
         while st["drawn"] < len(pairs) or in_flight or feed:
             while in_flight < 2 * n:  # a few queued beyond the busy processes, so that none waits for this loop
                 task = feed.pop()
