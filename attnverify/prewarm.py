@@ -156,6 +156,26 @@ def _shared_copy(database: Any, scratch: str) -> Any:
         return db
 
 
+def _pool_setup() -> None:
+    """Each pool process as it starts: a judging child's set-up (isolation.forked_child_setup); SIGTERM ends it at once
+    and quietly (the budget's end terminates the pool, and `attnverify run` turns SIGTERM into a KeyboardInterrupt,
+    which the fork inherited: each process printed its traceback); Hypothesis' warning that strategies are evaluated
+    during pytest's initialisation left out (the pre-warm runs at the session's start, before Hypothesis' plugin counts
+    initialisation as over, and its draws are meant: each warning printed a whole adapter's repr, 18 of them a run)."""
+    import signal
+    import warnings
+
+    from .isolation import forked_child_setup
+
+    forked_child_setup()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        from hypothesis.errors import HypothesisSideeffectWarning
+    except ImportError:  # an older Hypothesis: it has no such warning
+        return
+    warnings.filterwarnings("ignore", category=HypothesisSideeffectWarning)
+
+
 def _draw_pair(i: int) -> tuple:
     """In a pool process: the i-th pair's drawn examples, or the drawing's error."""
     adapter, prop = _PLAN["pairs"][i]
@@ -266,7 +286,7 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
         return res
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
         raise ValueError(f"run_prewarm(workers={workers!r}): give a number of processes >= 1, or None for every core")
-    from .isolation import cuda_initialised, fork_available, forked_child_setup
+    from .isolation import cuda_initialised, fork_available
 
     if not fork_available():
         res["note"] = "the pre-warm's pool forks, and this platform cannot fork: nothing done"
@@ -304,9 +324,9 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
     done: "queue.Queue[tuple]" = queue.Queue()  # filled by the pool's result thread
     import multiprocessing
 
-    # each process as a judging child starts: one torch thread (a parent that ran a parallel op left OpenMP's pool in
-    # a state its forked children hang on), Ctrl-C left to this process
-    pool = multiprocessing.get_context("fork").Pool(n, initializer=forked_child_setup)
+    # each process as a judging child starts (one torch thread: a parent that ran a parallel op left OpenMP's pool in
+    # a state its forked children hang on; Ctrl-C left to this process), and quiet when the budget ends it
+    pool = multiprocessing.get_context("fork").Pool(n, initializer=_pool_setup)
     try:
         for i in range(len(pairs)):  # all the draws first: the pool's queue is first come, first served
             pool.apply_async(_draw_pair, (i,), callback=lambda r, i=i: done.put(("drawn", i, r)),
@@ -383,6 +403,6 @@ def summary_line(res: dict) -> str:
     if not res["workers"]:
         return f"attnverify prewarm: {res['note']}"
     return (f"attnverify prewarm: {', '.join(res['adapters'])}: {res['examples']} examples drawn, {res['calls']} distinct "
-            f"ones judged compile-only, {res['compiles']} compiles in {res['seconds']:.1f} s ({res['draw_seconds']:.1f} s drawing) on "
-            f"{res['workers']} processes"
+            f"ones judged compile-only, {res['compiles']} compiles in {res['seconds']:.1f} s of its {res['budget_s']:g} s "
+            f"budget ({res['draw_seconds']:.1f} s drawing) on {res['workers']} processes"
             + (f"; {res['note']}" if res["note"] else ""))
