@@ -395,9 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compile what the run will launch first, in parallel on every core (adapters with a JIT: "
                         f"the bundled triton on a GPU); the same verdicts; a progress line every {PROGRESS_EVERY_S:g} s")
     r.add_argument("--prewarm-budget", "--attn-prewarm-budget", dest="prewarm_budget", type=_prewarm_budget,
-                   metavar="SECONDS", help=f"the pre-warm's time at most (default {DEFAULT_BUDGET_S:g}; implies --prewarm): when it "
-                   "ends, the run starts and compiles the rest itself (the first examples of every property are "
-                   "warmed first)")
+                   metavar="SECONDS", help=f"the pre-warm's time at most (default {DEFAULT_BUDGET_S:g}, or a quarter "
+                   "of pytest's --session-timeout if less; implies --prewarm): when it ends, the run starts and "
+                   "compiles the rest itself (the first examples of every property are warmed first)")
     r.add_argument("-n", "--numprocesses", dest="numprocesses", help="pytest-xdist workers (auto, N)")
     r.add_argument("-k", dest="keyword", help="pytest -k expression over test ids")
     r.add_argument("-q", "--quiet", action="store_true")

@@ -360,16 +360,30 @@ def _prewarm_budget(config, s) -> None:
     """--attn-prewarm-budget: the pre-warm's seconds (attnverify.prewarm.parse_budget: a number above 0). Given on the
     command line it turns the pre-warm on (asking for a budget is asking for a pre-warm); from the environment or the
     ini file it only bounds a pre-warm turned on (a CI-wide setting must not turn it on in every job)."""
-    from .prewarm import BUDGET_OPTION, parse_budget
+    from .prewarm import BUDGET_OPTION, default_budget, parse_budget
     from .pytest_options import _raw_value
 
     raw, src = _raw_value(config, next(o for o in OPTIONS if o.dest == "attn_prewarm_budget"))
+    if raw is None:  # none given: the default, or less where pytest-timeout's --session-timeout would be eaten by it
+        s.prewarm_budget = default_budget(_session_timeout(config))
+        return
     try:
         s.prewarm_budget = parse_budget(raw, src or BUDGET_OPTION)
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
     if src == BUDGET_OPTION:
         s.prewarm = True
+
+
+def _session_timeout(config):
+    """pytest-timeout's --session-timeout (or its ini key) in seconds, None without one or without the plugin."""
+    try:
+        v = config.getoption("session_timeout", None)
+        if v in (None, ""):
+            v = config.getini("session_timeout")
+        return float(v) if v not in (None, "") else None
+    except (ValueError, TypeError):  # no such ini key: pytest-timeout is not installed
+        return None
 
 
 def _shards():

@@ -46,7 +46,16 @@ _PLAN: Dict[str, Any] = {}
 # own time") and keeps a thorough profile (1,000 examples a property) from spending a run's time before it starts
 DEFAULT_BUDGET_S = 300.0
 BUDGET_OPTION = "--attn-prewarm-budget"
+SESSION_TIMEOUT_SHARE = 0.25  # without a budget given, at most this share of a session's time limit (default_budget)
 PROGRESS_EVERY_S = 20.0  # a progress line at most this often: a user sees it working, a CI log stays short
+
+
+def default_budget(session_timeout: Optional[float] = None) -> float:
+    """The budget when none is given: DEFAULT_BUDGET_S, or a quarter of the session's time limit where it has one
+    (pytest-timeout's --session-timeout, which counts the pre-warm's time) and that is less."""
+    if session_timeout is not None and math.isfinite(session_timeout) and session_timeout > 0:
+        return min(DEFAULT_BUDGET_S, SESSION_TIMEOUT_SHARE * session_timeout)
+    return DEFAULT_BUDGET_S
 
 
 def parse_budget(value: Any, source: str = BUDGET_OPTION) -> float:

@@ -240,6 +240,18 @@ def test_the_budget_flag_turns_the_prewarm_on_and_the_variable_only_bounds_it(py
     assert s.prewarm is True and s.prewarm_budget == prewarm.DEFAULT_BUDGET_S
 
 
+def test_without_a_budget_a_session_timeout_gets_at_most_a_quarter_of_it(pytester):
+    pytest.importorskip("pytest_timeout", reason="--session-timeout is pytest-timeout's option")
+    from attnverify.plugin_settings import get_settings
+
+    s = get_settings(pytester.parseconfigure("--adapter=naive", "--attn-prewarm", "--session-timeout=200"))
+    assert s.prewarm_budget == 50.0  # a quarter: the run keeps the rest
+    s = get_settings(pytester.parseconfigure("--adapter=naive", "--attn-prewarm", "--session-timeout=7200"))
+    assert s.prewarm_budget == prewarm.DEFAULT_BUDGET_S
+    s = get_settings(pytester.parseconfigure("--adapter=naive", "--attn-prewarm-budget=120", "--session-timeout=200"))
+    assert s.prewarm_budget == 120.0  # a budget given is kept
+
+
 def test_the_cli_passes_the_budget_and_refuses_a_bad_one(capsys):
     from attnverify import cli
 
