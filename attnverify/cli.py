@@ -90,8 +90,11 @@ def pytest_args_for_run(ns, extra: List[str], *, gpu: Optional[bool] = None, out
             args.append(f"{flag}={val}")
     if getattr(ns, "allow_untested", False):
         args.append("--attn-allow-untested")
-    if getattr(ns, "prewarm", False):
+    budget = getattr(ns, "prewarm_budget", None)
+    if getattr(ns, "prewarm", False) or budget is not None:  # a budget asks for the pre-warm
         args.append("--attn-prewarm")
+    if budget is not None:
+        args.append(f"--attn-prewarm-budget={budget:.15g}")
     if ns.numprocesses is not None:
         args += ["-n", str(ns.numprocesses)]
     if ns.keyword:
@@ -351,7 +354,18 @@ def cmd_report(ns) -> int:
 # -------------------------------------------------------------------------------------------- main
 
 
+def _prewarm_budget(text: str) -> float:
+    from .prewarm import parse_budget  # light: the standard library only
+
+    try:
+        return parse_budget(text, "--prewarm-budget")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .prewarm import DEFAULT_BUDGET_S, PROGRESS_EVERY_S  # light: the standard library only
+
     p = argparse.ArgumentParser(prog="attnverify", description="correctness and fuzz testing for attention implementations")
     sub = p.add_subparsers(dest="cmd", metavar="{run,adapters,repro,report,selftest,bench}")
     r = sub.add_parser("run", help="run the property suite (pytest underneath); extra args after -- go to pytest")
@@ -379,7 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --ray: retries of a shard whose worker or node was lost (default 3)")
     r.add_argument("--prewarm", "--attn-prewarm", dest="prewarm", action="store_true",
                    help="compile what the run will launch first, in parallel on every core (adapters with a JIT: "
-                        "the bundled triton on a GPU); the same verdicts")
+                        f"the bundled triton on a GPU); the same verdicts; a progress line every {PROGRESS_EVERY_S:g} s")
+    r.add_argument("--prewarm-budget", "--attn-prewarm-budget", dest="prewarm_budget", type=_prewarm_budget,
+                   metavar="SECONDS", help=f"the pre-warm's time at most (default {DEFAULT_BUDGET_S:g}, or a quarter "
+                   "of pytest's --session-timeout if less; implies --prewarm): when it ends, the run starts and "
+                   "compiles the rest itself (the first examples of every property are warmed first)")
     r.add_argument("-n", "--numprocesses", dest="numprocesses", help="pytest-xdist workers (auto, N)")
     r.add_argument("-k", dest="keyword", help="pytest -k expression over test ids")
     r.add_argument("-q", "--quiet", action="store_true")

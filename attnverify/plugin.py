@@ -21,6 +21,7 @@ wins, then the environment, then the ini file):
     --attn-shard K/N         attn_shard          ATTNVERIFY_SHARD         run the K-th of N slices (attnverify.shards)
     --attn-db URL            attn_db             ATTNVERIFY_DB            shared example database (attnverify.exampledb)
     --attn-prewarm           attn_prewarm        ATTNVERIFY_PREWARM       compile the run's kernels first (attnverify.prewarm)
+    --attn-prewarm-budget S  attn_prewarm_budget ATTNVERIFY_PREWARM_BUDGET  the pre-warm's seconds (300); the flag turns it on
 
 A run in which a requested adapter tested nothing (unavailable here, or every property skipped) fails
 with a message saying why and how to fix it (attnverify.untested) unless --attn-allow-untested is given.
@@ -136,6 +137,7 @@ def pytest_configure(config):
         max_bugs=vals["attn_max_bugs"], prewarm=bool(vals["attn_prewarm"]),
     )
     _shard_db(config, s)
+    _prewarm_budget(config, s)
     if s.max_bugs is not None and s.max_bugs < 1:
         raise pytest.UsageError(f"--attn-max-bugs={s.max_bugs}: give 1 or more (1 stops at the first failure)")
     config.stash[settings_key] = s
@@ -337,16 +339,51 @@ def _prewarm(session, s) -> None:
         from .properties.profiles import example_database
 
         db = example_database()
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(line: str) -> None:  # now, not when the buffer fills: the session's header comes only after the pre-warm
+        if tr is not None:
+            tr.write_line(line)
+            getattr(tr, "flush", lambda: None)()
+        else:
+            print(line, file=sys.stderr, flush=True)
+
     res = prewarm.run_prewarm(pairs, profile=s.profile, seed=s.seed, max_examples=s.max_examples, device=s.device,
-                              database=db)
+                              database=db, budget_s=s.prewarm_budget, progress=say)
+    # budget_s and stopped among them: how long it could take and whether the budget ended it
     s.journal.write({"event": "prewarm", **{k: v for k, v in res.items() if k != "per_property"},
                      "per_property": res["per_property"]})
-    tr = session.config.pluginmanager.get_plugin("terminalreporter")
-    line = prewarm.summary_line(res)
-    if tr is not None:
-        tr.write_line(line)
-    else:
-        print(line, file=sys.stderr)
+    say(prewarm.summary_line(res))
+
+
+def _prewarm_budget(config, s) -> None:
+    """--attn-prewarm-budget: the pre-warm's seconds (attnverify.prewarm.parse_budget: a number above 0). Given on the
+    command line it turns the pre-warm on (asking for a budget is asking for a pre-warm); from the environment or the
+    ini file it only bounds a pre-warm turned on (a CI-wide setting must not turn it on in every job)."""
+    from .prewarm import BUDGET_OPTION, default_budget, parse_budget
+    from .pytest_options import _raw_value
+
+    raw, src = _raw_value(config, next(o for o in OPTIONS if o.dest == "attn_prewarm_budget"))
+    if raw is None:  # none given: the default, or less where pytest-timeout's --session-timeout would be eaten by it
+        s.prewarm_budget = default_budget(_session_timeout(config))
+        return
+    try:
+        s.prewarm_budget = parse_budget(raw, src or BUDGET_OPTION)
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    if src == BUDGET_OPTION:
+        s.prewarm = True
+
+
+def _session_timeout(config):
+    """pytest-timeout's --session-timeout (or its ini key) in seconds, None without one or without the plugin."""
+    try:
+        v = config.getoption("session_timeout", None)
+        if v in (None, ""):
+            v = config.getini("session_timeout")
+        return float(v) if v not in (None, "") else None
+    except (ValueError, TypeError):  # no such ini key: pytest-timeout is not installed
+        return None
 
 
 def _shards():

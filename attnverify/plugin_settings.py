@@ -40,6 +40,7 @@ class Settings:
     shard: Optional[tuple] = None  # --attn-shard (K, N) (attnverify.shards); database: --attn-db's (attnverify.exampledb)
     database: Any = ...
     prewarm: bool = False  # --attn-prewarm (attnverify.prewarm): compile the run's kernels before it starts
+    prewarm_budget: Optional[float] = None  # --attn-prewarm-budget's seconds (None: prewarm.DEFAULT_BUDGET_S)
 
     @property
     def is_worker(self) -> bool:

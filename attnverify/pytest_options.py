@@ -8,6 +8,8 @@ from typing import Any, Dict, Optional
 
 import pytest
 
+from .prewarm import DEFAULT_BUDGET_S  # the standard library only: this module stays light
+
 PROFILES = ("ci", "dev", "thorough")
 DEVICES = ("auto", "cpu", "cuda")
 ISOLATES = ("auto", "subprocess", "none")
@@ -64,6 +66,10 @@ OPTIONS = (
     _Opt("attn_prewarm", "--attn-prewarm", "attn_prewarm", "ATTNVERIFY_PREWARM", False,
          "before the run, compile what it will launch, in parallel on every core, for adapters with a JIT (the bundled "
          "triton on a GPU; attnverify.prewarm); changes no verdict", kind="flag"),
+    _Opt("attn_prewarm_budget", "--attn-prewarm-budget", "attn_prewarm_budget", "ATTNVERIFY_PREWARM_BUDGET", None,
+         f"seconds the pre-warm may take (default {DEFAULT_BUDGET_S:g}, or a quarter of --session-timeout if less); "
+         "when they end the run starts and compiles the rest itself; on the command line it turns the pre-warm on, "
+         "from the environment or the ini file it only bounds one"),
     _Opt("attn_db", "--attn-db", "attn_db", "ATTNVERIFY_DB", None,
          "shared example database beside the local one: redis://HOST:PORT/N or github:OWNER/REPO[/ARTIFACT]"),
 )

@@ -218,9 +218,9 @@ def test_a_hang_in_the_prewarm_does_not_hold_the_run():
 
     t0 = time.monotonic()
     res = run_prewarm([(hangs_in_prewarm, get_property("forward_matches_reference"))], profile="ci", seed=1,
-                      max_examples=2, workers=2, timeout_s=5)
+                      max_examples=2, workers=2, budget_s=5)
     assert time.monotonic() - t0 < 60
-    assert res["examples"] > 0 and res["errors"] >= 1 and "stopped after 5 s" in res["note"], res
+    assert res["examples"] > 0 and res["stopped"] and "stopped after 5 s" in res["note"], res
 
 
 PARALLEL_PARENT = r'''
@@ -249,7 +249,7 @@ def par(q, k, v, spec):
 
 
 res = run_prewarm([(par, get_property("forward_matches_reference"))], profile="ci", seed=1, max_examples=3,
-                  workers=2, timeout_s=40)
+                  workers=2, budget_s=40)
 print("RESULT", res["calls"], res["errors"], repr(res["note"]))
 '''
 
