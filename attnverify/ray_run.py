@@ -71,6 +71,10 @@ def run_argv(ns, extra: Sequence[str]) -> List[str]:
             argv.append(f"{flag}={val}")
     if ns.allow_untested:
         argv.append("--allow-untested")
+    if getattr(ns, "prewarm", False):  # each shard pre-warms what its slice will launch, on its node
+        argv.append("--prewarm")
+    if getattr(ns, "prewarm_budget", None) is not None:
+        argv.append(f"--prewarm-budget={ns.prewarm_budget:.15g}")
     if ns.quiet:
         argv.append("-q")
     return argv + (["--", *extra] if extra else [])

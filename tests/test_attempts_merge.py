@@ -148,6 +148,9 @@ def test_run_argv_forwards_the_options_every_shard_needs():
     argv = run_argv(ns, ["-x"])
     assert argv == ["--adapter=mine", "--adapter=b.py:x", "--profile=ci", "--seed=5", "-k=a or b", "-q", "--", "-x"]
     assert cli.build_parser().parse_args(["run", "--ray", "--adapter=m"]).ray == "local"
+    # the pre-warm and its budget reach every shard (they were dropped silently)
+    ns = cli.build_parser().parse_args(["run", "--adapter=m", "--ray", "--prewarm", "--prewarm-budget=90"])
+    assert run_argv(ns, []) == ["--adapter=m", "--prewarm", "--prewarm-budget=90"]
 
 
 def test_the_ray_runs_exit_status_from_its_shards():
