@@ -23,6 +23,7 @@ from attnverify.journal import read_journal
 from attnverify.prewarm import keyword_selected, run_prewarm
 from attnverify.properties import get_property
 from attnverify.triton_prewarm import compile_only_here
+from _run_verdicts import run_verdicts  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -101,14 +102,6 @@ def eager_with_hook(q, k, v, spec):
 """
 
 
-def _verdicts(report) -> list:
-    """(property, index, what was drawn, status, severity) of every judged example of the run in `report`."""
-    recs = read_journal(str(report))
-    drawn = {(r["property"], r["index"]): json.dumps(r.get("drawn"), sort_keys=True) for r in recs
-             if r.get("event") == "case_start"}
-    return sorted((r["property"], r["index"], drawn.get((r["property"], r["index"])), r["status"],
-                   round(float(r["severity"]), 9)) for r in recs if r.get("event") == "result")
-
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the pre-warm's pool forks; this platform has no fork")
 def test_same_seed_same_verdicts_with_and_without_the_prewarm(pytester, monkeypatch):
@@ -128,7 +121,7 @@ def test_same_seed_same_verdicts_with_and_without_the_prewarm(pytester, monkeypa
     calls = log.read_text().splitlines()
     assert calls, "the hook never ran"
     assert warmed.stdout.fnmatch_lines(["*attnverify prewarm: eager_with_hook: * examples drawn, * compiles*"]) is None
-    a, b = _verdicts(pytester.path / "plain"), _verdicts(pytester.path / "warmed")
+    a, b = run_verdicts(pytester.path / "plain"), run_verdicts(pytester.path / "warmed")
     assert a and a == b
     assert {"passed", "failed"} <= {s for _, _, _, s, _ in a}, a
     events = [r for r in read_journal(str(pytester.path / "warmed")) if r.get("event") == "prewarm"]
@@ -140,7 +133,7 @@ def test_same_seed_same_verdicts_with_and_without_the_prewarm(pytester, monkeypa
     shutil.rmtree(pytester.path / ".hypothesis", ignore_errors=True)
     other = pytester.runpytest_subprocess(*[x if x != "--attn-seed=7" else "--attn-seed=8" for x in args],
                                           "--attn-report=other")
-    assert other.ret == 1 and _verdicts(pytester.path / "other") != b
+    assert other.ret == 1 and run_verdicts(pytester.path / "other") != b
     # -k is honoured: only the two selected properties were drawn
     assert {p["property"] for p in events[0]["per_property"]} == {"forward_matches_reference", "value_scaling"}
 

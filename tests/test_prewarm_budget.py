@@ -28,6 +28,7 @@ from attnverify import prewarm
 from attnverify.journal import read_journal
 from attnverify.prewarm import RoundRobin, drawn_examples, parse_budget, run_prewarm
 from attnverify.properties import get_property
+from _run_verdicts import run_verdicts  # noqa: E402
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="the pre-warm's pool forks; this platform has no fork")
 
@@ -63,13 +64,6 @@ def eager_slow_hook(q, k, v, spec):
 """
 
 
-def _verdicts(report) -> list:
-    recs = read_journal(str(report))
-    drawn = {(r["property"], r["index"]): json.dumps(r.get("drawn"), sort_keys=True) for r in recs
-             if r.get("event") == "case_start"}
-    return sorted((r["property"], r["index"], drawn.get((r["property"], r["index"])), r["status"],
-                   round(float(r["severity"]), 9)) for r in recs if r.get("event") == "result")
-
 
 def _cli_run(where, *args) -> subprocess.CompletedProcess:
     """`attnverify run ARGS` in `where` (this checkout's attnverify), as a user runs it: SIGTERM becomes a KeyboardInterrupt
@@ -89,7 +83,7 @@ def test_the_budget_stops_a_longer_prewarm_and_the_run_gives_the_same_verdicts(p
     # the budget alone turns the pre-warm on
     warmed = _cli_run(pytester.path, "--report=warmed", "--prewarm-budget=3", *args)
     assert plain.returncode == warmed.returncode == 1, warmed.stdout[-3000:] + warmed.stderr[-3000:]  # the planted bug
-    a, b = _verdicts(pytester.path / "plain"), _verdicts(pytester.path / "warmed")
+    a, b = run_verdicts(pytester.path / "plain"), run_verdicts(pytester.path / "warmed")
     assert a and a == b
     events = [r for r in read_journal(str(pytester.path / "warmed")) if r.get("event") == "prewarm"]
     assert len(events) == 1, events
