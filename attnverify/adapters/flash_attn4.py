@@ -263,7 +263,8 @@ _F40 = finding(
     f"{_RUN}: the backward with a value head dim below the q/k one fails to compile: B=1 Lq=10 Lk=3 D=64 Dv=32 fp16 "
     "window (2, 0) (fully_masked_rows): 'backward raised MLIRError: Operation creation failed'; the forward right. "
     "FA4 accepts Dv < D (_validate_head_dims); upstream's tests run the backward only at (128, 64), (192, 128) and "
-    f"D > 128 pairs. docs/compatibility.md F40; {_REPRO} dv_bwd (sweeps (D, Dv); not yet run). Not strict: only "
+    f"D > 128 pairs. docs/compatibility.md F40; {_REPRO} dv_bwd (H200: fails at (D, Dv) = (64, 32), (64, 48), (32, 16), "
+    "(128, 96); right at (96, 64), (128, 64), (192, 128)). Not strict: only "
     "draws with Dv != D and a backward show it", _DV_BWD, strict=False)
 _H200_FINDINGS = {
     "no_out_of_bounds": dict(match=VARLEN_LEAK + "|" + _ACCUM, why=(
