@@ -140,3 +140,18 @@ def test_repro_that_judged_nothing_is_not_run_not_held(tmp_path, capsys, monkeyp
     assert cli.main(["repro", path]) == cli.EXIT_FAILED
     out = capsys.readouterr().out
     assert "NOT RUN" in out and "HELD" not in out and "refused by the adapter" in out
+
+
+def test_python_dash_m_runs_the_command_where_its_script_is_not_on_path(tmp_path):
+    """A checkout used through PYTHONPATH (the H200 machine: no install, no `attnverify` on PATH) runs it as a module,
+    with the command's exit codes: 0 for a listing, 2 for a usage error."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__)))}
+    ok = subprocess.run([sys.executable, "-m", "attnverify", "adapters"], capture_output=True, text=True, env=env,
+                        cwd=tmp_path, timeout=240)
+    assert ok.returncode == 0 and "naive" in ok.stdout, ok.stderr[-2000:]
+    bad = subprocess.run([sys.executable, "-m", "attnverify", "run", "--profile", "nightly"], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=240)
+    assert bad.returncode == 2 and "--profile" in bad.stderr, bad.stderr[-2000:]
