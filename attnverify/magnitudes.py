@@ -61,14 +61,15 @@ UPSTREAM_MAX = 8.0  # |dO| and |dLSE| of check's standard-normal upstream gradie
 
 def ftz_floors(q_shape, k_shape, head_dim_v: int, scale: float, q_max: float, k_max: float, v_max: float) -> dict:
     """Per output, the largest absolute error of dropping every probability below FTZ_TINY (each term it drops is
-    below FTZ_TINY times its other factor): out_i = sum_j P_ij v_j / l_i with l_i >= 1 (max subtracted); dV_j =
+    below FTZ_TINY times its other factor): out_i = sum_j P_ij v_j / l_i with l_i >= 1 (max subtracted), the
+    numerator's terms and l_i's (moving out_i by at most |out_i| <= max|v| times as much) both dropped; dV_j =
     sum_i P_ij dO_i over the queries of its kv head; dS_ij = P_ij (dP_ij - D_i) with |dP - D| <= 2 |dO| |v|_1 +
     |dLSE|, into dQ through scale * k and into dK through scale * q. Far below any real tolerance (~1e-34 for
     unit inputs): it only keeps results that float32 cannot hold from counting as errors."""
     lq, lk = q_shape[2], k_shape[2]
     rows = lq * max(1, q_shape[1] // max(1, k_shape[1]))  # queries per key: Lq times the GQA group
     dpd = 2.0 * UPSTREAM_MAX * v_max * head_dim_v + UPSTREAM_MAX
-    return {"out": lk * FTZ_TINY * v_max, "dv": rows * FTZ_TINY * UPSTREAM_MAX,
+    return {"out": 2 * lk * FTZ_TINY * v_max, "dv": rows * FTZ_TINY * UPSTREAM_MAX,
             "dq": lk * FTZ_TINY * scale * k_max * dpd, "dk": rows * FTZ_TINY * scale * q_max * dpd, "lse": 0.0}
 
 
