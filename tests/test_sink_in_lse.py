@@ -130,6 +130,37 @@ def test_check_holds_the_lse_to_the_declared_convention():
     assert minus.status == "failed" and [c.name for c in minus.failing()] == ["lse"], minus.message()
 
 
+def _garbage_on_keyless_rows(fn, value):
+    """fn with the output of query rows 0..2 (keyless in RECIPE) set to `value`."""
+    def g(q, k, v, spec):
+        o = fn(q, k, v, spec)
+        out = o.out.clone()
+        out[:, :, :3] = value
+        return av.Output(out, lse=o.lse)
+    return g
+
+
+@pytest.mark.parametrize("fm", ["nan", "unsupported"])
+def test_keyless_rows_of_a_sink_less_lse_under_each_fully_masked_declaration(fm):
+    """sink_in_lse=False with fully_masked "nan" or "unsupported" (only the wide claim-set fuzz drew these before): a
+    keyless row's LSE over its keys is NaN (or -inf) under "nan" (log 0 declared NaN), not judged under "unsupported"; its
+    output is 0 under both (the sink alone in its denominator, a zero value row): the sink makes the row not masked."""
+    case = _case()
+    ok = _adapter(f"keys-{fm}", False, fully_masked=fm, keyless=math.nan if fm == "nan" else 123.0)
+    res = av.check(ok, case, backward=False)
+    assert res.status == "passed", res.message()
+    if fm == "nan":  # -inf is as good as NaN for such an LSE (check's rule); a number there is not
+        assert av.check(_adapter("keys-nan-says-minus-inf", False, fully_masked="nan"), case).status == "passed"
+        wrong = _adapter("keys-nan-says-a-number", False, fully_masked="nan", keyless=0.5)
+        bad = av.check(wrong, case, backward=False)
+        assert bad.status == "failed" and [c.name for c in bad.failing()] == ["lse"], bad.message()
+    for value in (math.nan, 0.5):  # the output of a keyless row is still judged: 0
+        wrong = av.adapter(f"keys-{fm}-garbage", register=False, **dict(BASE, fully_masked=fm, sink_in_lse=False))(
+            _garbage_on_keyless_rows(_impl(keyless=math.nan if fm == "nan" else 123.0), value))
+        bad = av.check(wrong, case, backward=False)
+        assert bad.status == "failed" and "out" in [c.name for c in bad.failing()], bad.message()
+
+
 WRONGS = ((KEYS_UNCLAIMED, "lse"), (SINK_CLAIMING_KEYS, "lse"), (OUT_IGNORES_SINK, "out"))
 
 
