@@ -3,7 +3,7 @@ shared by every query head (GQA-like), head dims 576/512 or 192/128.
 
     mla_latent_views   latent K/V views give what separate copies give and what the float64 reference gives (out,
                        and the LSE where claimed), and, with `backward`, the latent's gradient is dK + dV (the dV path
-                       added into the first Dv columns of the dK path)
+                       added into the first Dv columns of the dK path); with sinks where claimed
 
 A forward-only kernel that reads V from K's first Dv columns itself (FlashMLA's `flash_mla_with_kvcache` has no V
 argument) runs it too: the views-vs-copies comparison is blind to a wrong score or V slice there (both calls carry
@@ -22,9 +22,11 @@ from ..check import unpack_output
 from ..reference import reference_forward
 from ..spec import Spec
 from ..lse_conventions import expected_lse
+from ..sink_logits import for_adapter, make_sinks
 from ._within import Refused, ensure_claimed
 from .base import ExampleResult, Property
 from .serving import judge_pairs
+from .sinks import sink_params
 
 MLA_DIMS = ((576, 512), (192, 128))
 LONG_KEYS = (63, 64, 65, 127, 128, 129, 160)  # around a page of 64 (FlashMLA's) and two
@@ -84,7 +86,9 @@ class MlaLatentViews(Property):
             "len_k": st.one_of(st.integers(1, min(40, cap)), st.sampled_from([n for n in LONG_KEYS if n <= cap] or [1])),
             "dtype": st.sampled_from([d for d in c.dtypes if not d.startswith("float8")]),
             "causal": st.sampled_from(c.causal), "seed": st.integers(0, 2**16),
-        }).map(lambda d: {**d, "dims": list(d["dims"])})
+            # sinks where claimed (FlashMLA's attn_sink): with latent_kv no other property draws them
+            "sinks": st.one_of(st.none(), sink_params().map(lambda x: x["sinks"])) if c.sinks else st.none(),
+        }).map(lambda d: {**d, "dims": list(d["dims"]), "sinks": for_adapter(adapter, d["dtype"], d["sinks"])})
 
     def examples(self, adapter, profile, device):
         if self.skip_reason(adapter):
@@ -94,10 +98,13 @@ class MlaLatentViews(Property):
         cap = c.max_seqlen or 9
         first = {"dims": list(claimed_dims(c)[0]), "heads_q": 2 if c.gqa else 1, "batch": 1, "len_q": min(5, cap),
                  "len_k": min(9, cap), "dtype": dt, "causal": c.causal[-1], "seed": 0}
+        out = [first]
         if "bottom_right" in c.causal and c.fully_masked == "zeros" and cap >= 2:
             # rows with no visible key (bottom-right, Lq > Lk): out 0 and the LSE of the declared keyless_lse
-            return [first, {**first, "len_q": min(9, cap), "len_k": min(5, cap - 1), "causal": "bottom_right"}]
-        return [first]
+            out.append({**first, "len_q": min(9, cap), "len_k": min(5, cap - 1), "causal": "bottom_right"})
+        if c.sinks:  # the last case again with mixed sinks (a -inf one, large ones): the sink in the denominator
+            out.append({**out[-1], "sinks": for_adapter(adapter, dt, {"kind": "mixed", "level": 2.0, "seed": 0})})
+        return out
 
     def rebuild_case(self, drawn, device: str) -> Case:
         """The example's case again (q, and K and V views of one latent): what its evidence re-runs and diagnoses
@@ -108,7 +115,8 @@ class MlaLatentViews(Property):
         b, hq, lq = drawn.get("batch", 1), drawn["heads_q"], drawn.get("rows", drawn["len_q"])
         q = torch.randn(b, hq, lq, d, generator=gen).to(device, dtype)
         latent = torch.randn(b, 1, drawn["len_k"], d, generator=gen).to(device, dtype)
-        spec = Spec(causal=drawn["causal"], return_lse=bool(drawn.get("lse", False)))
+        sinks = make_sinks(hq, drawn["sinks"], device) if drawn.get("sinks") else None
+        spec = Spec(causal=drawn["causal"], return_lse=bool(drawn.get("lse", False)), sinks=sinks)
         return Case(q, latent, latent[..., :dv], spec, seed=int(drawn["seed"]), label=self.name)
 
     def run_example(self, adapter, drawn) -> ExampleResult:

@@ -41,8 +41,8 @@ DECODE_BUGS = (
     "rope_dropped",  # the score from the 512 latent columns only: the 64 rope columns left out
     "lse_base2",  # the LSE returned in base 2 (the kernel's exp2 domain), not natural log
     "page_index_off_by_one",  # physical page numbers read 1-based: block_table[b, i] + 1
-    "sink_ignored",  # attn_sink dropped: the output's denominator without the sink (check sees it; no property draws
-    # sinks with latent_kv, tests/test_stranger_mla_chunk.py)
+    "sink_ignored",  # attn_sink dropped: the output's denominator without the sink (check and mla_latent_views see it,
+    # tests/test_stranger_mla_chunk.py)
 )
 PREFILL_BUGS = (
     "latent_grad_overwritten",  # V a view of K (one latent): dV written over dK's first columns, not added
