@@ -46,7 +46,8 @@ def magnitudes(case: Case) -> dict:
         "dk": 0.25 * abs(scale) * dp * rms_q * math.sqrt(max(1.0, q.shape[2] / max(1, k.shape[2]))),
         "dv": 0.0,
         "lse": 1.0,
-        "ftz": ftz_floors(q.shape, k.shape, v.shape[-1], abs(scale), q_max, k_max, v_max),
+        "ftz": ftz_floors(q.shape, k.shape, v.shape[-1], abs(scale), q_max, k_max, v_max,
+                          dropout_p=float(case.spec.dropout_p or 0.0)),
     }
 
 
@@ -59,18 +60,26 @@ FTZ_TINY = 2.0 ** -126
 UPSTREAM_MAX = 8.0  # |dO| and |dLSE| of check's standard-normal upstream gradients (P(|x| > 8) ~ 1e-15 per element)
 
 
-def ftz_floors(q_shape, k_shape, head_dim_v: int, scale: float, q_max: float, k_max: float, v_max: float) -> dict:
-    """Per output, the largest absolute error of dropping every probability below FTZ_TINY (each term it drops is
-    below FTZ_TINY times its other factor): out_i = sum_j P_ij v_j / l_i with l_i >= 1 (max subtracted), the
-    numerator's terms and l_i's (moving out_i by at most |out_i| <= max|v| times as much) both dropped; dV_j =
-    sum_i P_ij dO_i over the queries of its kv head; dS_ij = P_ij (dP_ij - D_i) with |dP - D| <= 2 |dO| |v|_1 +
-    |dLSE|, into dQ through scale * k and into dK through scale * q. Far below any real tolerance (~1e-34 for
-    unit inputs): it only keeps results that float32 cannot hold from counting as errors."""
-    lq, lk = q_shape[2], k_shape[2]
+def ftz_floors(q_shape, k_shape, head_dim_v: int, scale: float, q_max: float, k_max: float, v_max: float, *,
+               dropout_p: float = 0.0) -> dict:
+    """Per output, the largest absolute error of flush-to-zero arithmetic: every probability below FTZ_TINY dropped
+    (each such term is below FTZ_TINY times its other factor), and every product, partial sum or stored result below
+    FTZ_TINY dropped (each below FTZ_TINY itself), so each term counts max(its other factor, 1) times FTZ_TINY, plus
+    the stored value's own FTZ_TINY. out_i = sum_j P_ij v_j / l_i with l_i >= 1 (max subtracted), the numerator's
+    terms and l_i's (moving out_i by at most |out_i| <= max|v| times as much) both dropped; dV_j = sum_i P_ij dO_i over
+    the queries of its kv head; dS_ij = P_ij (dP_ij - D_i) with |dP - D| <= 2 |dO| |v|_1 + |dLSE|, into dQ through
+    scale * k and into dK through scale * q; dsinks_h = -sum P_sink (D - dLSE) over the batch's rows of head h;
+    dropout's kept values scaled by 1 / (1 - p). ~1e-34 for unit inputs, far below any real tolerance: it only keeps
+    results that float32 cannot hold from counting as errors."""
+    b, lq, lk = q_shape[0], q_shape[2], k_shape[2]
     rows = lq * max(1, q_shape[1] // max(1, k_shape[1]))  # queries per key: Lq times the GQA group
     dpd = 2.0 * UPSTREAM_MAX * v_max * head_dim_v + UPSTREAM_MAX
-    return {"out": 2 * lk * FTZ_TINY * v_max, "dv": rows * FTZ_TINY * UPSTREAM_MAX,
-            "dq": lk * FTZ_TINY * scale * k_max * dpd, "dk": rows * FTZ_TINY * scale * q_max * dpd, "lse": 0.0}
+    keep = 1.0 / max(1e-6, 1.0 - dropout_p)
+    return {"out": keep * ((2 * lk + 1) * FTZ_TINY * max(v_max, 1.0)),
+            "dv": keep * (rows + 1) * FTZ_TINY * UPSTREAM_MAX,
+            "dq": keep * (lk + 1) * FTZ_TINY * max(scale * k_max * dpd, 1.0),
+            "dk": keep * (rows + 1) * FTZ_TINY * max(scale * q_max * dpd, 1.0),
+            "dsinks": (b * lq + 1) * FTZ_TINY * max(dpd, 1.0), "lse": 0.0}
 
 
 def score_bound(case: Case, ref_lse: Optional[torch.Tensor] = None) -> float:

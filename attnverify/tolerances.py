@@ -292,7 +292,7 @@ def tolerance_for(
     if baseline_max_abs is not None and baseline_max_abs == baseline_max_abs:
         floor = k * float(baseline_max_abs)
     elem_u = FP8_ELEM_U[output] if fp8_out else ELEM_U[output]
-    if ftz_floor > 0 and norm > 0:
-        floor = max(floor, ftz_floor)
-        scale_floor = max(scale_floor, ftz_floor / (norm * loosen))
+    if ftz_floor > 0 and norm > 0:  # both sides may flush where both are rounded results
+        floor = max(floor, sides * ftz_floor)
+        scale_floor = max(scale_floor, sides * ftz_floor / (norm * loosen))
     return Tolerance(output, dtype_name(dtype), norm * loosen, elem_u * fs * loosen, u, floor * loosen, scale_floor)

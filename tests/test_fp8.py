@@ -251,6 +251,24 @@ def test_descale_linearity_keeps_subnormal_operands_out_of_the_bitwise_compariso
     assert not bad.passed and "subnormal element(s) of the drawn v set to 0" in bad.message, bad.message
 
 
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_descale_linearity_catches_a_descale_read_for_the_wrong_batch_and_kv_head(which):
+    """One factor for the whole tensor cannot see it (x f d[b', h'] / f = x d[b', h'] in both calls); a power of two
+    that differs per (batch, kv head) does. Before: an adapter reading each descale flipped passed at f = 2."""
+    c = _case(descales="uniform", q_std=0.5, k_std=0.5, v_std=0.5)
+
+    @av.adapter(f"flips-{which}", register=False, dtypes=(E4M3,), descales=True, gqa=True, lse=True,
+                causal=("none", "bottom_right"))
+    def flips(q, k, v, spec):
+        d = getattr(spec, f"{which}_descale")
+        return naive_attention(q, k, v, spec.replace(**{f"{which}_descale": d.flip(0).flip(1)}))
+
+    prop = DescaleLinearity()
+    assert prop.judge(get("naive"), c, {"tensor": which, "factor": 2.0}).passed
+    res = prop.judge(flips, c, {"tensor": which, "factor": 2.0})
+    assert not res.passed and "differs from the first" in res.message and "mod 3" in res.message, res.message
+
+
 def test_descale_linearity_judges_a_re_rounded_input_against_the_reference():
     """A factor of 1.5 re-rounds the input: not bitwise, but the scaled call must still match the reference."""
     c = _case(descales="random")

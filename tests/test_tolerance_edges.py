@@ -29,6 +29,8 @@ def _attend(q, k, v, spec, *, flush: bool, dv_scale: float = 1.0):
     if flush:
         p = torch.where(p < FTZ_TINY, torch.zeros_like(p), p)
     ps = torch.exp(sink - m)
+    if flush:
+        ps = torch.where(ps < FTZ_TINY, torch.zeros_like(ps), ps)
     l_ = p.sum(-1, keepdim=True) + ps
     vv = v.float()
     if dv_scale != 1.0 and vv.requires_grad:
@@ -80,7 +82,7 @@ def test_the_floor_hides_no_error_of_normal_size():
 def test_the_floors_are_far_below_any_tolerance_of_ordinary_inputs():
     c = _case(0.0)
     f = magnitudes(c)["ftz"]
-    assert set(f) == {"out", "dq", "dk", "dv", "lse"}
+    assert set(f) == {"out", "dq", "dk", "dv", "dsinks", "lse"}
     assert 0 < max(f.values()) < 1e-33
     t = tolerance_for("dv", "float32", ftz_floor=f["dv"])
     plain = tolerance_for("dv", "float32")
@@ -130,3 +132,65 @@ def test_a_pair_of_two_rounded_outputs_may_differ_by_both_errors_and_no_more():
     assert not compare_pairs(pair(1.5), "float32", **kw)[0].passed  # against one bound: fails
     assert compare_pairs(pair(1.5), "float32", sides=2, **kw)[0].passed
     assert not compare_pairs(pair(2.5), "float32", sides=2, **kw)[0].passed
+
+
+def test_a_sink_far_below_the_scores_flushed_to_zero_leaves_dsinks_judged_at_the_floor():
+    """The sink's gradient (properties.sinks.judge_dsinks) takes the same floor: a sink ~90 below every score has
+    P_sink ~ e^-90, a float32 subnormal that a flushing exp2 drops (dsinks 0 against ~1e-39); one of normal size
+    still fails."""
+    from attnverify.properties import get_property
+    from attnverify.properties.sinks import judge_dsinks, with_spec
+
+    prop = get_property("sinks_match_reference")
+    c = _case(0.0)
+    far = with_spec(c, sinks=torch.full_like(c.spec.sinks, -88.0))  # P_sink ~ e^-90 ~ 1e-39: a float32 subnormal
+    res = judge_dsinks(prop, _adapter("ftz-kernel", flush=True), far, {})
+    assert res.passed, res.message
+    assert judge_dsinks(prop, _adapter("exact-kernel", flush=False), far, {}).passed
+    shifted = av.adapter("dsinks-off", register=False, dtypes=("float32",), lse=True, backward=True, sinks=True)(
+        lambda q, k, v, spec: _attend(q, k, v, spec.replace(sinks=spec.sinks + 87.0), flush=True))
+    assert not judge_dsinks(prop, shifted, far, {}).passed  # the sink read 87 too high: dsinks of normal size
+
+
+def test_paged_equals_contiguous_takes_two_sides_only_where_both_calls_are_the_adapters(monkeypatch):
+    """Against the adapter's own contiguous calls both sides are rounded (sides=2); where it does not claim them the
+    float64 reference stands for them, exact (sides=1)."""
+    import dataclasses
+
+    from attnverify.adapters.registry import get
+    from attnverify.properties import get_property
+    from attnverify.properties import serving as sv
+
+    sides = []
+    real = sv.judge_pairs
+
+    def spy(*a, **kw):
+        sides.append(kw.get("sides", 1))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(sv, "judge_pairs", spy)
+    naive = get("naive")
+    paged_only = dataclasses.replace(naive, name="naive-paged-only",
+                                     refuses=lambda c: None if c.spec.cache_seqlens is not None else "paged calls only")
+    case = build_case(CaseRecipe(batch=2, heads_q=2, heads_kv=1, len_q=1, len_k=20, head_dim=16, cache_lens=[20, 7],
+                                 paged=True, page_size=4, num_pages=12, block_table=[[11, 3, 5, 0, 8], [2, 9, 1, 4, 6]],
+                                 garbage="nan", dtype="float32", return_lse=True, seed=1))
+    prop = get_property("paged_equals_contiguous")
+    for adapter in (naive, paged_only):
+        res = prop.judge(adapter, case, {})
+        assert res.passed, res.message
+    assert sides == [2, 1]
+
+
+def test_property_pairs_take_the_flush_floor_from_the_magnitudes():
+    """compare_pairs (every property's pairs) reads the floor from magnitudes' "ftz" entry, doubled for two sides."""
+    from attnverify.verdicts import compare_pairs
+
+    ref = torch.full((64,), 1e-41, dtype=torch.float64)
+    pair = {"dv": (torch.zeros(64), ref)}
+    floors = {"ftz": {"dv": 1e-39}}
+    assert compare_pairs(pair, "float32", score_max=0.0, scale_floors=floors)[0].passed
+    assert not compare_pairs(pair, "float32", score_max=0.0, scale_floors={})[0].passed
+    far = {"dv": (torch.full((64,), 1.5e-39), ref)}  # beyond one side's floor, within two sides'
+    assert not compare_pairs(far, "float32", score_max=0.0, scale_floors=floors)[0].passed
+    assert compare_pairs(far, "float32", score_max=0.0, scale_floors=floors, sides=2)[0].passed

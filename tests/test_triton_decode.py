@@ -107,8 +107,36 @@ def test_decode_tiles_shrink_for_float32_at_large_head_dims():
     assert decode_tiles(torch.float16, 256, 8) == (16, 64, 2)
     assert decode_tiles(torch.bfloat16, 256, 100) == (64, 64, 2)
     assert decode_tiles(torch.float32, 64, 100) == (64, 64, 2)
-    assert decode_tiles(torch.float32, 128, 100) == (32, 32, 2)
+    assert decode_tiles(torch.float32, 128, 100) == (64, 64, 2)
     assert decode_tiles(torch.float32, 256, 100) == (16, 16, 1)
+
+
+def test_paged_decode_launches_the_tiles_decode_tiles_chose(monkeypatch):
+    """The launch takes decode_tiles' choice (the table above is what the kernel gets), a block_n given wins."""
+    from attnverify.kernels import serving
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append((grid, kw["BLOCK_M"], kw["BLOCK_N"], kw["num_stages"]))
+                raise Stop
+            return launch
+
+    monkeypatch.setattr(serving.decode, "_decode_partial", Spy())
+    monkeypatch.setattr(serving, "decode_tiles", lambda dtype, bd, rows: (16, 32, 3))
+    monkeypatch.setattr(serving, "interpreting", lambda: False)
+    case = build_case(CASES["float32-d160-gqa8-lq3-splits2"])
+    s = case.spec
+    for kw in ({}, {"block_n": 16}):
+        with pytest.raises(Stop):
+            paged_decode(case.q, case.k, case.v, s.cache_seqlens, block_table=s.block_table, k_new=s.k_new,
+                         v_new=s.v_new, num_splits=s.num_splits, causal=s.causal, **kw)
+    assert [x[1:] for x in seen] == [(16, 32, 3), (16, 16, 3)]
 
 
 def test_paged_decode_is_split_and_batch_invariant_bitwise():

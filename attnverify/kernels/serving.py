@@ -33,16 +33,15 @@ MAX_SPLITS = 64
 
 def decode_tiles(dtype: torch.dtype, block_d: int, rows: int) -> Tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_stages) of the split-KV decode kernel for a head-dim tile `block_d` and `rows` query
-    rows per kv head (group * Lq). float32 runs its dots on the CUDA cores (input_precision="ieee"), its tiles in
-    registers: at D > 128 the half-type tiles (64 x 64, 2 stages) took 28-34 s to compile and failed to launch with
-    "Triton Error [CUDA]: out of memory" on the H200 (2026-12-05, the thorough run, D = 160: the spilled registers'
-    local memory); float32 takes the forward kernel's float32 tiles (launch._cuda_tiles) instead."""
+    rows per kv head (group * Lq): 64 keys a tile, 2 stages. float32 at D > 128 takes 16 x 16 tiles, 1 stage: float32
+    runs its dots on the CUDA cores (input_precision="ieee") with its tiles in registers, and the 64 x 64 tiles at
+    D = 160 took 28-34 s to compile and failed to launch with "Triton Error [CUDA]: out of memory" on the H200
+    (2026-12-05, the thorough run: the spilled registers' local memory). The forward kernel takes 32 x 16, 1 stage
+    there (launch._cuda_tiles); float32 at D <= 128 keeps the tiles it had (no failure seen there)."""
     bm = max(16, min(64, triton_next_pow2(rows)))
-    if dtype != torch.float32 or block_d <= 64:
-        return bm, 64, 2
-    if block_d <= 128:
-        return min(bm, 32), 32, 2
-    return 16, 16, 1
+    if dtype == torch.float32 and block_d > 128:
+        return 16, 16, 1
+    return bm, 64, 2
 
 
 def _bad(arg: str, why: str) -> ValueError:

@@ -160,18 +160,27 @@ class DescaleLinearity(Fp8Property):
         if d is None:
             d = torch.ones(case.q.shape[0], case.k.shape[1], dtype=torch.float32, device=x.device)
         # a power of two under which the input stays exact (no overflow past the fp8 max, no bits lost below its
-        # normal range) and normal (SUBNORMALS), the drawn factor first; none: the drawn factor, judged against the
-        # reference
-        for f_try in (f, 1 / f, 2.0, 0.5, 4.0, 0.25) if math.log2(f).is_integer() else (f,):
-            scaled64 = x.double() * f_try
-            x2 = quantize(scaled64, None, case.dtype)
-            d2 = (d.double() / f_try).to(torch.float32)
-            exact = bool((x2.double() == scaled64).all()) and bool((d2.double() * f_try == d.double()).all()) \
-                and not bool(_subnormal(x2).any())
-            if exact:
-                f = f_try
-                break
+        # normal range) and normal (SUBNORMALS), the drawn factor first, times a different power of two per (batch,
+        # kv head) (_per_head: a descale read for the wrong one then changes the answer), else the same for all; none:
+        # the drawn factor, judged against the reference
+        b, hkv = d.shape
+        exact, pattern = False, None
+        if math.log2(f).is_integer():
+            for pattern in (_per_head(x, b, hkv), torch.ones(b, hkv, dtype=torch.float64)):
+                for f_try in (f, 1 / f, 2.0, 0.5, 4.0, 0.25):
+                    fac = f_try * pattern.to(d.device)
+                    scaled64 = x.double() * _on_input(fac, x)
+                    x2 = quantize(scaled64, None, case.dtype)
+                    d2 = (d.double() / fac).to(torch.float32)
+                    exact = bool((x2.double() == scaled64).all()) and bool((d2.double() * fac == d.double()).all()) \
+                        and not bool(_subnormal(x2).any())
+                    if exact:
+                        f = f_try
+                        break
+                if exact:
+                    break
         if not exact:
+            pattern = None
             scaled64 = x.double() * f
             x2, d2 = quantize(scaled64, None, case.dtype), (d.double() / f).to(torch.float32)
         x2 = _laid_out_like(x, x2)
@@ -180,7 +189,9 @@ class DescaleLinearity(Fp8Property):
         scaled = dataclasses.replace(case, q=tensors["q"], k=tensors["k"], v=tensors["v"], spec=spec2)
         if flushed:  # both calls see the same normal-only input
             case = dataclasses.replace(case, **{name: x})
-        what = f"{name} x {f:g} and {d_name} x {1 / f:g}" + (
+        varies = pattern is not None and bool((pattern != 1).any())
+        what = (f"{name}[b, h] x {f:g} * 2^((b * Hkv + h) mod 3 - 1) and {d_name}[b, h] by the inverse" if varies else
+                f"{name} x {f:g} and {d_name} x {1 / f:g}") + (
             f" ({flushed} subnormal element(s) of the drawn {name} set to 0 in both calls)" if flushed else "")
         if not exact:  # the scaled input re-rounds: the scaled call is held to the reference of its own values
             res = _result_from_check(check(adapter, scaled, backward=False), scaled)
@@ -225,6 +236,23 @@ def _flush_subnormals(x: torch.Tensor):
         return x, 0
     values = torch.where(sub, torch.zeros_like(x.float()).copysign(x.float()), x.float()).to(x.dtype)
     return _laid_out_like(x, values), n
+
+
+def _per_head(x: torch.Tensor, b: int, hkv: int) -> torch.Tensor:
+    """(B, Hkv) float64 powers of two 1/2, 1, 2 by (b * Hkv + h) mod 3, constant along a dim x is expanded over
+    (stride 0: its values are equal there, and stay so)."""
+    vb = x.shape[0] > 1 and x.stride(0) != 0
+    vh = x.shape[1] > 1 and x.stride(1) != 0
+    bi = torch.arange(b)[:, None] if vb else torch.zeros(b, 1, dtype=torch.long)
+    hi = torch.arange(hkv)[None, :] if vh else torch.zeros(1, hkv, dtype=torch.long)
+    return torch.pow(2.0, ((bi * hkv + hi) % 3 - 1).double())
+
+
+def _on_input(fac: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """(B, Hkv) factors broadcast over x (B, H, L, D): q's query heads take their kv head's."""
+    if x.shape[1] != fac.shape[1]:
+        fac = fac.repeat_interleave(x.shape[1] // fac.shape[1], dim=1)
+    return fac.to(x.device)[:, :, None, None]
 
 
 def _laid_out_like(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
