@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -93,7 +93,7 @@ def compare_pairs(
     scale_floors: Mapping[str, float],
     baseline: Optional[Mapping[str, Tuple[float, float]]] = None,
     missing: str = "fail",
-    sides: int = 1,
+    sides: Union[int, Mapping[str, int]] = 1,
 ) -> List[Comparison]:
     """Compare each (got, expected) pair of a property with the check's tolerances.
 
@@ -101,7 +101,7 @@ def compare_pairs(
     judged at float32. `baseline`: name -> (rel_l2, max_abs) of the same-dtype eager implementation under
     the same change, widening the bound. `scale_floors`: magnitudes.magnitudes(case). `missing`: an expected
     value that is not a tensor "fail"s the pair or is "skip"ped. `sides=2`: both values of a pair are rounded
-    results (tolerance_for's sides)."""
+    results (tolerance_for's sides); a mapping gives it per pair name (absent: 1)."""
     if missing not in ("fail", "skip"):
         raise ValueError(f"compare_pairs(missing={missing!r}): expected 'fail' or 'skip'")
     comps: List[Comparison] = []
@@ -111,7 +111,8 @@ def compare_pairs(
         b = (baseline or {}).get(n) or (None, None)
         tol = tolerance_for(kind, "float32" if kind == "lse" else dtype, baseline_rel_l2=b[0], baseline_max_abs=b[1],
                             score_max=score_max, scale_floor=scale_floors.get(kind, 0.0),
-                            ftz_floor=scale_floors.get("ftz", {}).get(kind, 0.0), sides=sides)
+                            ftz_floor=scale_floors.get("ftz", {}).get(kind, 0.0),
+                            sides=sides.get(n, 1) if isinstance(sides, Mapping) else sides)
         if not isinstance(exp, torch.Tensor):
             if missing == "skip":
                 continue

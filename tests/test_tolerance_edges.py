@@ -194,3 +194,43 @@ def test_property_pairs_take_the_flush_floor_from_the_magnitudes():
     far = {"dv": (torch.full((64,), 1.5e-39), ref)}  # beyond one side's floor, within two sides'
     assert not compare_pairs(far, "float32", score_max=0.0, scale_floors=floors)[0].passed
     assert compare_pairs(far, "float32", score_max=0.0, scale_floors=floors, sides=2)[0].passed
+
+
+def test_two_sides_per_pair_name_where_a_property_mixes_its_own_calls_with_the_reference(monkeypatch):
+    """compare_pairs takes sides per pair name; sink_as_extra_key gives 2 to the pairs whose expected value is the
+    adapter's own extra-key call, none where the reference stands for it (an adapter that refuses float masks)."""
+    import dataclasses
+
+    from attnverify.adapters.registry import get
+    from attnverify.properties import get_property
+    from attnverify.properties import serving as sv
+    from attnverify.properties import sinks as sk
+    from attnverify.properties.sinks import with_sinks
+    from attnverify.verdicts import compare_pairs
+
+    g = torch.Generator().manual_seed(0)
+    exact = torch.randn(4, 64, generator=g, dtype=torch.float64)
+    one = tolerance_for("out", "float32")
+    off = exact * (1 + 1.5 * one.norm)  # 1.5x one side's norm-wise bound
+    pairs = {"out": (off.float(), exact), "out_views_vs_copies": (off.float(), exact)}
+    comps = compare_pairs(pairs, "float32", score_max=0.0, scale_floors={}, sides={"out_views_vs_copies": 2})
+    assert [c.passed for c in comps] == [False, True]
+
+    seen = []
+    real = sv.judge_pairs
+
+    def spy(*a, **kw):
+        res = real(*a, **kw)
+        seen.append(dict(kw.get("sides") or {}))
+        return res
+
+    monkeypatch.setattr(sk, "judge_pairs", spy)
+    naive = get("naive")
+    no_masks = dataclasses.replace(naive, name="naive-no-float-masks",
+                                   refuses=lambda c: "no float masks" if c.spec.attn_mask is not None else None)
+    case = with_sinks(_case(0.0), {"sinks": SINKS})
+    prop = get_property("sink_as_extra_key")
+    for adapter in (naive, no_masks):
+        res = prop.judge(adapter, case, {"sinks": SINKS})
+        assert res.passed, res.message
+    assert seen == [{"out": 2, "lse": 2}, {}]

@@ -148,7 +148,8 @@ class MlaLatentViews(Property):
             # both calls within the adapter's claims and its `refuses` (the views' strides are the latent's)
             ensure_claimed(adapter, case.q, case.k, case.v, spec)
             ensure_claimed(adapter, case.q, case.k.clone(), case.v.contiguous(), spec)
-            res = judge_pairs(self, adapter, case, drawn, pairs)
+            # views against copies: two calls of the adapter (both rounded); the rest against the reference
+            res = judge_pairs(self, adapter, case, drawn, pairs, sides={"out_views_vs_copies": 2, "d_latent": 2})
         except Refused as e:
             res = ExampleResult(True, f"not claimed (a call {self.name} makes): {e}", status="skipped",
                                 case=case.to_dict())

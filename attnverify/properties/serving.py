@@ -7,7 +7,7 @@ widened by what the same comparison gives for `naive`.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 from hypothesis import strategies as st
@@ -69,10 +69,12 @@ def bounds(case: Case) -> Tuple[float, dict]:
 
 
 def judge_pairs(prop, adapter, case: Case, params: dict, pairs_of: Callable[[object, Case], Pairs],
-                problems: Optional[List[str]] = None, bitwise: bool = False, sides: int = 1) -> ExampleResult:
+                problems: Optional[List[str]] = None, bitwise: bool = False,
+                sides: Union[int, Dict[str, int]] = 1) -> ExampleResult:
     """Compare every (got, expected) pair of `pairs_of(adapter, case)`; bitwise=True demands identity. sides=2:
     the expected values are the adapter's own outputs too (another call, or a merge of calls), not the float64
-    reference: both carry its rounding, and their errors add up (tolerance_for's sides)."""
+    reference: both carry its rounding, and their errors add up (tolerance_for's sides); a dict gives it per pair
+    name, filled by pairs_of for the adapter's own pairs (it is read after pairs_of(adapter) ran)."""
     from ..adapters.naive import naive
 
     problems = problems if problems is not None else []  # the same list: pairs_of may add to it

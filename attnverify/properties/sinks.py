@@ -223,6 +223,8 @@ class SinkAsExtraKey(SinkProperty):
     def judge(self, adapter, case, params):
         case = sinks_joined(adapter, case, params)
 
+        sides = {}  # the adapter's own pairs: both values rounded
+
         def pairs(a, c):
             got = run(a, c.q, c.k, c.v, c.spec)
             ext = extra_key_case(c)
@@ -232,14 +234,17 @@ class SinkAsExtraKey(SinkProperty):
             else:
                 r = reference_forward(ext.q, ext.k, ext.v, ext.spec)
                 exp = {"out": r.out, "lse": r.lse}
+            if own and a is adapter:
+                sides.update({n: 2 for n in exp})
             if "lse" in exp and (not own or sink_excluded(a.claims, c.spec)):
                 # the reference's LSE in the adapter's convention; under sink_in_lse=False the returned LSE leaves the
                 # sink out while the extra key's has it as a key: only the output is the identity, the LSE is held to
                 # the reference's over the visible keys (lse_conventions.expected_lse computes it then)
                 exp["lse"] = expected_lse(a.claims, c.q, c.k, c.v, c.spec, exp["lse"])
+                sides.pop("lse", None)
             return {n: (got[n], exp[n].double().cpu()) for n in got if n in exp}
 
-        return judge_pairs(self, adapter, case, params, pairs)
+        return judge_pairs(self, adapter, case, params, pairs, sides=sides)
 
 
 class SinkLimits(SinkProperty):
@@ -252,13 +257,17 @@ class SinkLimits(SinkProperty):
     def judge(self, adapter, case, params):
         case = sinks_joined(adapter, case, params)
         problems = []
+        sides = {}
 
         def pairs(a, c):
             off = with_spec(c, sinks=torch.full_like(c.spec.sinks, -math.inf))
             got_off = run(a, off.q, off.k, off.v, off.spec)
             plain = with_spec(c, sinks=None)
-            exp_off = run(a, plain.q, plain.k, plain.v, plain.spec) if unclaimed(a, plain) is None else \
+            own = unclaimed(a, plain) is None
+            exp_off = run(a, plain.q, plain.k, plain.v, plain.spec) if own else \
                 {"out": reference_forward(plain.q, plain.k, plain.v, plain.spec).out}
+            if own and a is adapter:
+                sides["out[sinks=-inf]"] = 2  # the adapter's own call without sinks: both values rounded
             out = {"out[sinks=-inf]": (got_off["out"], exp_off["out"].double().cpu())}
             ref_plain = reference_forward(plain.q, plain.k, plain.v, plain.spec)
             empty = torch.isneginf(ref_plain.lse).cpu()  # rows without a visible key (B, Hq, Lq); judged on the CPU
@@ -282,7 +291,7 @@ class SinkLimits(SinkProperty):
                     out["lse[no visible key, sink left out]"] = (got["lse"].cpu()[empty], exp[empty])
             return out
 
-        return judge_pairs(self, adapter, case, params, pairs, problems)
+        return judge_pairs(self, adapter, case, params, pairs, problems, sides=sides)
 
 
 class SinksPaged(CacheProperty):
