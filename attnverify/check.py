@@ -22,7 +22,7 @@ from .magnitudes import magnitudes, row_levels
 from .reference import reference_backward, reference_forward
 from .reference.paged import cache_after
 from .spec import Output
-from .tolerances import SCORE_U, UNIT_ROUNDOFF, tolerance_for
+from .tolerances import SCORE_U, UNIT_ROUNDOFF, floors_of, tolerance_for
 from .timesplit import phase, timed
 from .lse_conventions import expected_grads, expected_lse as lse_in_convention, sink_excluded
 from .verdicts import bitwise_equal, severity
@@ -255,8 +255,7 @@ def check(
     def tol(name, dtype):
         b = base.get(name) if base else (None, None, None, None)
         t = tolerance_for(name, dtype, baseline_rel_l2=b[0], baseline_max_abs=b[1], score_max=score_max,
-                          scale_floor=mags.get(name, 0.0), loosen=loosen, rounding_rel_l2=b[2], judged_n=b[3],
-                          ftz_floor=mags["ftz"].get(name, 0.0))
+                          loosen=loosen, rounding_rel_l2=b[2], judged_n=b[3], **floors_of(mags, name))
         if levels is not None and name in ("out", "lse", "dq") and math.isfinite(t.u):
             # per query row: a row lifted by the bias gets its own level, the others keep S
             t = t.rows_at(torch.clamp(levels, min=mags["S"]), loosen=loosen)

@@ -46,8 +46,8 @@ def magnitudes(case: Case) -> dict:
         "dk": 0.25 * abs(scale) * dp * rms_q * math.sqrt(max(1.0, q.shape[2] / max(1, k.shape[2]))),
         "dv": 0.0,
         "lse": 1.0,
-        "ftz": ftz_floors(q.shape, k.shape, v.shape[-1], abs(scale), q_max, k_max, v_max,
-                          dropout_p=float(case.spec.dropout_p or 0.0)),
+        **{f"ftz:{o}": f for o, f in ftz_floors(q.shape, k.shape, v.shape[-1], abs(scale), q_max, k_max, v_max,
+                                                    dropout_p=float(case.spec.dropout_p or 0.0)).items()},
     }
 
 

@@ -237,6 +237,12 @@ def rounding_from_terms(n: float, a_norm: float, gap_norm: float, scale_floor: f
     return gap_norm / math.sqrt(12.0) / den if den > 0 else 0.0
 
 
+def floors_of(mags, output: str) -> dict:
+    """tolerance_for's floors for `output` from magnitudes.magnitudes(case): its scale floor and its flush-to-zero
+    floor ("ftz:<output>"), 0 where the dict has none."""
+    return {"scale_floor": mags.get(output, 0.0), "ftz_floor": mags.get(f"ftz:{output}", 0.0)}
+
+
 def tolerance_for(
     output: str,
     dtype,

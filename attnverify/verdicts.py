@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 import torch
 
 from .compare import Comparison, compare
-from .tolerances import tolerance_for
+from .tolerances import floors_of, tolerance_for
 
 INFINITE_SEVERITY = 1e30  # what an infinite or NaN severity is reported as (hypothesis.target needs a float)
 OUTPUT_KINDS = ("out", "lse", "dq", "dk", "dv")
@@ -110,8 +110,7 @@ def compare_pairs(
         kind = kind if kind in OUTPUT_KINDS else "out"
         b = (baseline or {}).get(n) or (None, None)
         tol = tolerance_for(kind, "float32" if kind == "lse" else dtype, baseline_rel_l2=b[0], baseline_max_abs=b[1],
-                            score_max=score_max, scale_floor=scale_floors.get(kind, 0.0),
-                            ftz_floor=scale_floors.get("ftz", {}).get(kind, 0.0),
+                            score_max=score_max, **floors_of(scale_floors, kind),
                             sides=sides.get(n, 1) if isinstance(sides, Mapping) else sides)
         if not isinstance(exp, torch.Tensor):
             if missing == "skip":

@@ -81,7 +81,7 @@ def test_the_floor_hides_no_error_of_normal_size():
 
 def test_the_floors_are_far_below_any_tolerance_of_ordinary_inputs():
     c = _case(0.0)
-    f = magnitudes(c)["ftz"]
+    f = {k[4:]: v for k, v in magnitudes(c).items() if k.startswith("ftz:")}
     assert set(f) == {"out", "dq", "dk", "dv", "dsinks", "lse"}
     assert 0 < max(f.values()) < 1e-33
     t = tolerance_for("dv", "float32", ftz_floor=f["dv"])
@@ -183,12 +183,12 @@ def test_paged_equals_contiguous_takes_two_sides_only_where_both_calls_are_the_a
 
 
 def test_property_pairs_take_the_flush_floor_from_the_magnitudes():
-    """compare_pairs (every property's pairs) reads the floor from magnitudes' "ftz" entry, doubled for two sides."""
+    """compare_pairs (every property's pairs) reads the floor from magnitudes' "ftz:<output>" entries, doubled for two sides."""
     from attnverify.verdicts import compare_pairs
 
     ref = torch.full((64,), 1e-41, dtype=torch.float64)
     pair = {"dv": (torch.zeros(64), ref)}
-    floors = {"ftz": {"dv": 1e-39}}
+    floors = {"ftz:dv": 1e-39}
     assert compare_pairs(pair, "float32", score_max=0.0, scale_floors=floors)[0].passed
     assert not compare_pairs(pair, "float32", score_max=0.0, scale_floors={})[0].passed
     far = {"dv": (torch.full((64,), 1.5e-39), ref)}  # beyond one side's floor, within two sides'

@@ -35,7 +35,7 @@ from ..check import unpack_output
 from ..magnitudes import magnitudes, score_bound
 from ..compare import compare, error_stats
 from ..reference import reference_forward
-from ..tolerances import tolerance_for
+from ..tolerances import floors_of, tolerance_for
 from ._props import CaseProperty
 from .base import ExampleResult, Property
 from ._cuda_props import CudaGraphReplay, NonDefaultStream
@@ -113,9 +113,8 @@ class Contract(CaseProperty):
         brel, babs = error_stats(base, ref.out)
         probe = dataclasses.replace(case, q=q, k=k, v=v)
         # large scores round like check() allows for (row_shift cases, additive biases)
-        mags = magnitudes(probe)
-        tol = tolerance_for("out", dname, baseline_rel_l2=brel, baseline_max_abs=babs, scale_floor=mags["out"],
-                            ftz_floor=mags["ftz"]["out"], score_max=score_bound(probe, ref.lse))
+        tol = tolerance_for("out", dname, baseline_rel_l2=brel, baseline_max_abs=babs,
+                            **floors_of(magnitudes(probe), "out"), score_max=score_bound(probe, ref.lse))
         c = compare("out", out, ref.out, tol)
         if not c.passed:
             return head + f" that are WRONG (rel L2 {c.rel_l2:.2g} vs {c.tol_norm:.2g} allowed) instead of raising"

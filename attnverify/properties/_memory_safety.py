@@ -12,7 +12,7 @@ from ..check import bitwise_equal, check, unclaimed, unpack_output
 from ..magnitudes import magnitudes, score_bound
 from ..compare import compare, error_stats
 from ..reference import reference_forward
-from ..tolerances import tolerance_for
+from ..tolerances import floors_of, tolerance_for
 from ..verdicts import severity
 from . import _props
 from ._props import CaseProperty
@@ -176,7 +176,7 @@ class NoOutOfBounds(CaseProperty):
         brel, babs = error_stats(base.double().cpu().masked_fill(ign, 0.0), ref.out.cpu().masked_fill(ign, 0.0))
         mags = magnitudes(case)
         tol = tolerance_for("out", case.dtype, baseline_rel_l2=brel, baseline_max_abs=babs,
-                            score_max=score_bound(case, ref.lse), scale_floor=mags["out"], ftz_floor=mags["ftz"]["out"])
+                            score_max=score_bound(case, ref.lse), **floors_of(mags, "out"))
         # judged against the adapter's own answer without sentinels: a leak is a change, and how
         # accurate that answer is belongs to forward_matches_reference (an accuracy edge had failed here)
         with torch.no_grad():

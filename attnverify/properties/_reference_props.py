@@ -10,7 +10,7 @@ from ..check import check, unpack_output
 from ..compare import compare, error_stats
 from ..reference import reference_forward
 from ..strategies import fully_masked_row_count
-from ..tolerances import tolerance_for
+from ..tolerances import floors_of, tolerance_for
 from ..magnitudes import magnitudes, score_bound
 from ..verdicts import severity
 from ._within import none_first
@@ -192,7 +192,7 @@ class NonfiniteInputsPropagate(CaseProperty):
         brel, babs = error_stats(b, r0)
         mags = magnitudes(case)
         tol = tolerance_for("out", case.dtype, baseline_rel_l2=brel, baseline_max_abs=babs,
-                            score_max=score_bound(case, ref.lse), scale_floor=mags["out"], ftz_floor=mags["ftz"]["out"])
+                            score_max=score_bound(case, ref.lse), **floors_of(mags, "out"))
         c = compare("out", out, ref.out, tol, ignore=ignore)
         missing = bad_rows & ~got_rows
         problems = []

@@ -61,11 +61,7 @@ def bounds(case: Case) -> Tuple[float, dict]:
     subs = gathered_cases(case)
     mags = [magnitudes(c) for c in subs]
     s = max([score_bound(c) for c in subs] or [0.0])
-    if not mags:
-        return s, {}
-    floors = {k: max(m[k] for m in mags) for k in mags[0] if k != "ftz"}
-    floors["ftz"] = {k: max(m["ftz"][k] for m in mags) for k in mags[0]["ftz"]}
-    return s, floors
+    return s, {k: max(m[k] for m in mags) for k in mags[0]} if mags else {}
 
 
 def judge_pairs(prop, adapter, case: Case, params: dict, pairs_of: Callable[[object, Case], Pairs],

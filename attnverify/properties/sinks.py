@@ -176,7 +176,7 @@ def judge_dsinks(prop, adapter, case, params) -> ExampleResult:
     scale = max(float(exp.abs().max()) if exp.numel() else 0.0, g["terms"])
     tol = tolerance_for("dq", case.dtype, baseline_rel_l2=base[0] if base else None,
                         baseline_max_abs=base[1] if base else None, scale_floor=scale,
-                        ftz_floor=magnitudes(case)["ftz"]["dsinks"])  # a sink far below the scores: P_sink flushed
+                        ftz_floor=magnitudes(case)["ftz:dsinks"])  # a sink far below the scores: P_sink flushed
     if got is None:
         msg = f"[{adapter.name}] {prop.name} FAILED: {case.describe()}\ndsinks: no gradient reached the sinks, " \
               f"although {adapter.name} claims backward and sinks (a sink logit has gradient sum_i P_sink,i (dLSE_i - D_i))"
