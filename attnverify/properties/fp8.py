@@ -231,7 +231,11 @@ def _subnormal(x: torch.Tensor) -> torch.Tensor:
 def _flush_subnormals(x: torch.Tensor):
     """x with its subnormal elements set to (signed) 0, in x's layout, and how many there were."""
     sub = _subnormal(x)
-    n = int(sub.sum())
+    distinct = sub
+    for i, (size, stride) in enumerate(zip(x.shape, x.stride())):  # an expanded dim repeats its elements: count once
+        if stride == 0 and size > 1:
+            distinct = distinct.narrow(i, 0, 1)
+    n = int(distinct.sum())
     if not n:
         return x, 0
     values = torch.where(sub, torch.zeros_like(x.float()).copysign(x.float()), x.float()).to(x.dtype)
