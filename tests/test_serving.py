@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attnverify as av
-from attnverify.adapters.registry import get
+from attnverify.adapters.registry import get, resolve
 from attnverify.case import CaseRecipe, build_case, load_case
 from attnverify.properties import get_property
 from attnverify.properties.driver import PropertySkipped, run_property
@@ -274,21 +274,8 @@ def test_page_size_claims_steer_the_draws():
 
 # ------------------------------------------------------------------------------ correct adapters hold (ci profile)
 
-REFERENCE64 = av.adapter(
-    "reference64", register=False, dtypes=("float64",), head_dims=lambda d: d <= 256, causal=("none", "bottom_right", "top_left"),
-    gqa=True, lse=True, softcap=True, window=True, alibi=True, dv_ne_d=True, kv_cache=True, paged=True, append=True,
-    cache_leftpad=True, num_splits=(1, 2, 4), page_sizes=lambda p: p >= 1, deterministic=True,
-)(lambda q, k, v, spec: _reference_adapter(q, k, v, spec))
-
-
-def _reference_adapter(q, k, v, spec):
-    """The float64 reference as an adapter: it appends into the caches in place as the rules say."""
-    if spec.k_new is not None:
-        k2, v2 = cache_after(k, v, spec)
-        k.copy_(k2)
-        v.copy_(v2)  # the reference still reads the prefix and k_new: the written slots hold the same values
-    r = reference_forward(q, k, v, spec)
-    return av.Output(r.out.to(q.dtype), lse=r.lse if spec.return_lse else None)
+# the float64 reference as a file adapter, loaded by its path as a user's would be (`--adapter FILE.py:ATTR`)
+REFERENCE64 = resolve([os.path.join(os.path.dirname(__file__), "..", "benchmarks", "reference64.py:REFERENCE64")])[0]
 
 
 @pytest.mark.parametrize("prop", NEW)
