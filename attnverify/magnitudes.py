@@ -11,6 +11,7 @@ import torch
 from .case import Case
 from .fp8 import descaled
 from .reference import reference_forward
+from .reference.paged import cache_keys, plain_spec
 from .spec import Spec
 
 
@@ -18,7 +19,16 @@ def magnitudes(case: Case) -> dict:
     """S (a bound on |score|) and floors for each tensor's scale from the inputs' magnitudes.
 
     dQ and dK are sums of P * (dP - delta) terms that cancel: their rounding is set by the size of
-    the terms (scale * |dO| |V| sqrt(Dv) |K|), not by the (possibly zero) result."""
+    the terms (scale * |dO| |V| sqrt(Dv) |K|), not by the (possibly zero) result.
+
+    A KV-cache case (spec.cache_seqlens) is measured over the keys each batch attends to (its gathered prefix and
+    k_new), each value the largest over the batches: the caches' other slots (unused pages, slots past
+    cache_seqlens, left padding) hold garbage by design, NaN or 1e4-sized, and measured as part of the pool they
+    widened every bound by their size (a scaled-by-0.9 output passed check on a paged case with huge garbage)."""
+    if case.spec.cache_seqlens is not None:
+        per_batch = [magnitudes(Case(case.q[b:b + 1], kb, vb, plain_spec(case.spec, b), seed=case.seed))
+                     for b, (kb, vb) in enumerate(cache_keys(case.k, case.v, case.spec))]
+        return {key: max(m[key] for m in per_batch) for key in per_batch[0]}
     q, k, v, _ = descaled(case.q.detach(), case.k.detach(), case.v.detach(), case.spec)  # float64, descales applied
 
     def fin(t):
