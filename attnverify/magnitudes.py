@@ -11,7 +11,7 @@ import torch
 from .case import Case
 from .fp8 import descaled
 from .reference import reference_forward
-from .reference.paged import cache_keys, plain_spec
+from .reference.paged import cache_keys, leftpads, plain_spec
 from .spec import Spec
 
 
@@ -115,13 +115,24 @@ def _additive_bias(spec: Spec) -> bool:
     return bool(fin.numel()) and bool((fin != 0).any())
 
 
+def key_length(case: Case) -> int:
+    """The most keys a row of the case attends to, before masks: Lk, or for a KV-cache case (whose k is the cache,
+    (N, S, Hkv, D)) the longest batch's cached keys plus the appended ones."""
+    s = case.spec
+    if s.cache_seqlens is None:
+        return int(case.k.shape[2])
+    new = 0 if s.k_new is None else int(s.k_new.shape[2])
+    return max((c - p + new for c, p in zip(torch.as_tensor(s.cache_seqlens).reshape(-1).tolist(), leftpads(s))),
+               default=0)
+
+
 def row_levels(case: Case, ref_lse: torch.Tensor) -> Optional[torch.Tensor]:
     """Per query row (B, H, Lq, on the CPU): |lse| + log(Lk), a bound on |m| (see biased_row_level); 0 on
     rows without a finite LSE; None when no additive bias is present."""
     if not _additive_bias(case.spec):
         return None
     lse = ref_lse.detach().double().cpu()
-    return torch.where(torch.isfinite(lse), lse.abs() + math.log(max(1, case.k.shape[2])), torch.zeros_like(lse))
+    return torch.where(torch.isfinite(lse), lse.abs() + math.log(max(1, key_length(case))), torch.zeros_like(lse))
 
 
 def biased_row_level(case: Case, ref_lse: torch.Tensor) -> float:

@@ -46,3 +46,15 @@ def test_cache_magnitudes_are_the_largest_over_the_gathered_batches_and_ignore_g
         assert value == max(m[key] for m in per_batch), key
     # the key length the flush floor counts is the batch's own (40 and 23 keys), not the pool's head count
     assert magnitudes(clean)["ftz:out"] == per_batch[0]["ftz:out"] > per_batch[1]["ftz:out"]
+
+
+def test_the_key_length_of_a_cache_case_is_its_longest_batchs():
+    from attnverify.magnitudes import key_length
+
+    case = build_case(CaseRecipe(**CACHE, **PAGED))
+    assert key_length(case) == 40 and case.k.shape[2] == 1  # the pool's third dim is its head count
+    padded = build_case(CaseRecipe(len_q=3, head_dim=16, dtype="float32", batch=2, cache_lens=[30, 12],
+                                   cache_leftpad=[5, 0], new_len=3, len_k=28, page_size=40, num_pages=2))
+    assert key_length(padded) == 28  # max(30 - 5, 12 - 0) + 3
+    plain = build_case(CaseRecipe(len_q=3, len_k=17, head_dim=16))
+    assert key_length(plain) == 17
