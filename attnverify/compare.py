@@ -157,8 +157,9 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, *, ignore
     if nonfin:
         rel = math.inf if not math.isnan(rel) else rel
         problems.append(f"{nonfin} non-finite value(s) where the reference differs (NaN/Inf)")
-    passed = mismatched == 0 and rel <= tol.norm and shape_ok
-    if rel > tol.norm and mismatched == 0:
+    bound = tol.norm_at(ref_norm_raw, ref_norm)
+    passed = mismatched == 0 and rel <= bound and shape_ok
+    if rel > bound and mismatched == 0:
         problems.append("every element is within its bound but the norm-wise error is not")
     return Comparison(
         name=name,
@@ -173,7 +174,7 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, *, ignore
         worst_actual=vals[7] if worst is not None else None,
         worst_expected=vals[8] if worst is not None else None,
         allowed_at_worst=vals[9] if worst is not None else None,
-        tol_norm=tol.norm,
+        tol_norm=bound,
         tol_elem_u=tol.elem_u,
         nonfinite_mismatches=nonfin,
         judged=numel if ignore is None else int(keep.sum()),

@@ -56,9 +56,18 @@ def magnitudes(case: Case) -> dict:
         "dk": 0.25 * abs(scale) * dp * rms_q * math.sqrt(max(1.0, q.shape[2] / max(1, k.shape[2]))),
         "dv": 0.0,
         "lse": 1.0,
+        **{f"acc:{o}": n for o, n in accumulated_terms(q.shape, k.shape).items()},
         **{f"ftz:{o}": f for o, f in ftz_floors(q.shape, k.shape, v.shape[-1], abs(scale), q_max, k_max, v_max,
                                                     dropout_p=float(case.spec.dropout_p or 0.0)).items()},
     }
+
+
+def accumulated_terms(q_shape, k_shape) -> dict:
+    """Per output, how many terms a kernel sums into one element (tolerances.ACC_U): out, the LSE and dQ over a row's
+    keys, dK and dV over the queries that see a key (Lq times the GQA group), dsinks over a head's rows."""
+    lq, lk = q_shape[2], k_shape[2]
+    rows = lq * max(1, q_shape[1] // max(1, k_shape[1]))
+    return {"out": lk, "lse": lk, "dq": lk, "dk": rows, "dv": rows, "dsinks": q_shape[0] * lq}
 
 
 # float32's smallest normal number. A kernel that forms P in float32 with flush-to-zero arithmetic (the GPU's fast

@@ -72,6 +72,17 @@ BASELINE_FACTOR = {"out": 2.0, "lse": 2.0, "dq": 4.0, "dk": 4.0, "dv": 4.0}
 FLOOR_SCALE = {"float32": 4.0, "float64": 16.0}
 # Coefficient of u_acc * S (largest |score|) in the effective unit roundoff.
 SCORE_U = 4.0
+# Accumulation length. Each output is a sum over many terms (out and the LSE over a row's keys, dQ over the keys, dK and
+# dV over the queries that see a key). Summed in sequence (an FMA chain, as a GPU's IEEE float32 dot does it), n float32
+# terms of one sign err ~0.3 sqrt(n) u_acc relative to the sum (numpy emulation, mean(V) 10: Lk = 6,976 median
+# 1.6e-6, max 3.0e-6 of 8 draws; summed per 64-key tile and the tiles in sequence, 1.6e-7); terms of mixed signs
+# (mean(V) 0) keep their partial sums small and err far less. The wide types' constant floor (FLOOR_SCALE u) does not
+# grow with n, and the H200's thorough run met it (the bundled kernel's float32 lse_merge at Lk = 6,976: its two calls
+# 2.05e-6 apart). So every bound gains ACC_U * u_acc * sqrt(n) relative to the reference's own size, never to the
+# scale floor: element-wise times |ref_i|, norm-wise times ||ref|| / max(||ref||, s sqrt(n)) (u_acc: float32's,
+# float64's for float64 inputs; fp8 keeps its calibrated rule). A bound at mean(V) 0, where the floor s dominates,
+# hardly moves, so an answer wrong by more than sequential rounding still fails there.
+ACC_U = 1.0
 # Per-case rule (half inputs): the floor is this many times the expected error of rounding the
 # reference itself to the output dtype. A correct kernel's error is that rounding plus the rounding
 # of P (about as large on diffuse rows), so it sits near sqrt(2) x expected rounding; 3 leaves room for
@@ -138,6 +149,10 @@ class Tolerance:
     scale_floor: float = 0.0  # lower bound for s, the tensor's scale, from the inputs' magnitudes
     # per query row (B, H, Lq): elem_u * u from each row's own score bound (rows_at), else None
     row_coef: Optional[torch.Tensor] = field(default=None, compare=False, repr=False)
+    # the accumulation term (ACC_U), relative to the reference's own size: element-wise acc_elem * |ref_i|, norm-wise
+    # acc_norm * ||ref|| / (the norm's denominator); see norm_at
+    acc_norm: float = 0.0
+    acc_elem: float = 0.0
 
     def allowed(self, ref_abs: torch.Tensor, scale: float) -> torch.Tensor:
         s = max(scale, self.scale_floor)
@@ -145,7 +160,14 @@ class Tolerance:
         if self.row_coef is not None:
             coef = self.row_coef.to(ref_abs.device, ref_abs.dtype)
             coef = coef.unsqueeze(-1) if ref_abs.dim() == coef.dim() + 1 else coef
-        return torch.clamp(coef * (ref_abs + s), min=self.elem_floor)
+        return torch.clamp(coef * (ref_abs + s) + self.acc_elem * ref_abs, min=self.elem_floor)
+
+    def norm_at(self, ref_norm: float, denominator: float) -> float:
+        """The norm-wise bound for a reference of norm `ref_norm` judged over `denominator` (>= ref_norm: the scale
+        floor's): `norm`, plus the accumulation term in the share of the denominator the reference itself makes."""
+        if not self.acc_norm or not denominator > 0:
+            return self.norm
+        return self.norm + self.acc_norm * min(1.0, ref_norm / denominator)
 
     def rows_at(self, row_score: torch.Tensor, loosen: float = 1.0) -> "Tolerance":
         """This tolerance with its element-wise bound set per query row from each row's own score bound
@@ -177,6 +199,15 @@ def _score_term(dtype, score_max):
     name = dtype_name(dtype)
     u_acc = FP8_ACC_U if name in FP8_DTYPES else UNIT_ROUNDOFF["float32" if name != "float64" else "float64"]
     return SCORE_U * u_acc * score_max
+
+
+def _acc_term(dtype, terms) -> float:
+    """ACC_U * u_acc * sqrt(terms): the relative error of summing `terms` values in sequence (0 for fp8, or without
+    terms)."""
+    name = dtype_name(dtype)
+    if name in FP8_DTYPES or not terms or terms <= 1:
+        return 0.0
+    return ACC_U * UNIT_ROUNDOFF["float64" if name == "float64" else "float32"] * math.sqrt(float(terms))
 
 
 def _widened_u(output: str, dtype, score) -> float:
@@ -239,8 +270,9 @@ def rounding_from_terms(n: float, a_norm: float, gap_norm: float, scale_floor: f
 
 def floors_of(mags, output: str) -> dict:
     """tolerance_for's floors for `output` from magnitudes.magnitudes(case): its scale floor and its flush-to-zero
-    floor ("ftz:<output>"), 0 where the dict has none."""
-    return {"scale_floor": mags.get(output, 0.0), "ftz_floor": mags.get(f"ftz:{output}", 0.0)}
+    floor ("ftz:<output>") and the number of terms it sums ("acc:<output>"), 0 where the dict has none."""
+    return {"scale_floor": mags.get(output, 0.0), "ftz_floor": mags.get(f"ftz:{output}", 0.0),
+            "acc_terms": mags.get(f"acc:{output}", 0)}
 
 
 def tolerance_for(
@@ -256,6 +288,7 @@ def tolerance_for(
     judged_n: Optional[int] = None,
     ftz_floor: float = 0.0,
     sides: int = 1,
+    acc_terms: int = 0,
 ) -> Tolerance:
     """The bound for one output. `loosen` (>= 1) is a user's explicit, reported widening.
 
@@ -267,7 +300,9 @@ def tolerance_for(
     scale floor (ftz_floor / norm: a norm-wise error up to ftz_floor * sqrt(n) passes). `sides=2`: both values
     compared carry an implementation's rounding (an adapter's output held to another of its own outputs), so their
     errors against the exact answer add up: the u-floors (norm and element-wise) are doubled, the baseline terms
-    (the same pair computed by the baseline) are not."""
+    (the same pair computed by the baseline) are not. `acc_terms` (magnitudes' "acc:<output>"): how many terms the
+    output sums; the bound gains ACC_U * u_acc * sqrt(acc_terms) relative to the reference's size (ACC_U; also
+    doubled for two sides)."""
     if output not in OUTPUTS:
         raise ValueError(f"tolerance_for(output={output!r}): use one of {OUTPUTS}")
     if not loosen >= 1.0:
@@ -301,4 +336,6 @@ def tolerance_for(
     if ftz_floor > 0 and norm > 0:  # both sides may flush where both are rounded results
         floor = max(floor, sides * ftz_floor)
         scale_floor = max(scale_floor, sides * ftz_floor / (norm * loosen))
-    return Tolerance(output, dtype_name(dtype), norm * loosen, elem_u * fs * loosen, u, floor * loosen, scale_floor)
+    acc = _acc_term(dtype, acc_terms) * sides * loosen
+    return Tolerance(output, dtype_name(dtype), norm * loosen, elem_u * fs * loosen, u, floor * loosen, scale_floor,
+                     acc_norm=NORM_U[output] * acc, acc_elem=ELEM_U[output] * acc)

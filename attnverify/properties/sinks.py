@@ -28,7 +28,7 @@ from ..compare import compare, error_stats
 from ..reference import reference_forward
 from ..sink_logits import SINK_KINDS, for_adapter, make_sinks
 from ..magnitudes import magnitudes
-from ..tolerances import tolerance_for
+from ..tolerances import floors_of, tolerance_for
 from ..lse_conventions import expected_grads, expected_lse, sink_excluded
 from ._props import CaseProperty, _result_from_check
 from .base import ExampleResult
@@ -175,8 +175,8 @@ def judge_dsinks(prop, adapter, case, params) -> ExampleResult:
         base = error_stats(*sink_gradient(naive, bcase)["dsinks"])
     scale = max(float(exp.abs().max()) if exp.numel() else 0.0, g["terms"])
     tol = tolerance_for("dq", case.dtype, baseline_rel_l2=base[0] if base else None,
-                        baseline_max_abs=base[1] if base else None, scale_floor=scale,
-                        ftz_floor=magnitudes(case)["ftz:dsinks"])  # a sink far below the scores: P_sink flushed
+                        baseline_max_abs=base[1] if base else None,
+                        **{**floors_of(magnitudes(case), "dsinks"), "scale_floor": scale})  # ftz: a sink far below
     if got is None:
         msg = f"[{adapter.name}] {prop.name} FAILED: {case.describe()}\ndsinks: no gradient reached the sinks, " \
               f"although {adapter.name} claims backward and sinks (a sink logit has gradient sum_i P_sink,i (dLSE_i - D_i))"
