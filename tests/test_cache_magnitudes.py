@@ -58,3 +58,4 @@ def test_the_key_length_of_a_cache_case_is_its_longest_batchs():
     assert key_length(padded) == 28  # max(30 - 5, 12 - 0) + 3
     plain = build_case(CaseRecipe(len_q=3, len_k=17, head_dim=16))
     assert key_length(plain) == 17
+

@@ -1,0 +1,49 @@
+"""A device out of memory during the backward is an error (the machine's limit), as in the forward, not a wrong
+answer: on a GPU shared by 19 judging processes (H100, 2026-12-05) the thorough run reported backward OOMs as
+"MISMATCH ... backward raised OutOfMemoryError" failures and shrank them like bugs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnverify as av
+from attnverify.adapters.registry import get
+from attnverify.case import CaseRecipe, build_case
+
+
+
+class _Raise(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, exc):
+        ctx.exc = exc
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        raise ctx.exc
+
+
+def _backward_raising(exc):
+    naive = get("naive")
+
+    @av.adapter("bwd-raises", register=False, dtypes=("float32",), backward=True)
+    def a(q, k, v, spec):
+        return _Raise.apply(naive(q, k, v, spec).out, exc)
+
+    return a
+
+
+@pytest.mark.parametrize("exc", [
+    getattr(torch, "OutOfMemoryError", RuntimeError)("CUDA out of memory. Tried to allocate 1.94 GiB"),
+    RuntimeError("Triton Error [CUDA]: out of memory"),
+], ids=["torch", "triton"])
+def test_a_backward_out_of_memory_is_an_error_not_a_wrong_answer(exc):
+    r = av.check(_backward_raising(exc), build_case(CaseRecipe(len_q=5, len_k=7, head_dim=16, dtype="float32")))
+    assert r.status == "error" and "backward" in r.error and "out of memory" in r.error
+
+
+def test_any_other_backward_exception_is_still_a_failure():
+    r = av.check(_backward_raising(ValueError("unsupported head dim")),
+                 build_case(CaseRecipe(len_q=5, len_k=7, head_dim=16, dtype="float32")))
+    assert r.status == "failed"
+    assert any("backward raised ValueError" in p for c in r.comparisons for p in c.problems)
