@@ -407,12 +407,14 @@ def _baseline(case: Case, keep, cache: dict, with_grads: bool, rows_ignored: Opt
 
 
 def out_of_memory(e: BaseException) -> bool:
-    """Whether `e` says a device ran out of memory (torch's OutOfMemoryError, a CUDA or Triton launch error saying so):
+    """Whether `e` says a device ran out of memory (torch's OutOfMemoryError, a CUDA or Triton launch error saying so,
+    cuBLAS's CUBLAS_STATUS_ALLOC_FAILED):
     a resource limit of the machine (other processes on the GPU), reported as an error, never as a wrong answer. On a
     GPU shared by 19 judging processes the thorough run's backward OOMs were "MISMATCH ... backward raised
     OutOfMemoryError" failures, shrunk like a bug (H100, 2026-12-05)."""
     oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
-    return (oom is not None and isinstance(e, oom)) or "out of memory" in str(e).lower()
+    text = str(e).lower()
+    return (oom is not None and isinstance(e, oom)) or "out of memory" in text or "alloc_failed" in text
 
 
 def _format_exc(e: BaseException) -> str:
