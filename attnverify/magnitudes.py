@@ -56,18 +56,28 @@ def magnitudes(case: Case) -> dict:
         "dk": 0.25 * abs(scale) * dp * rms_q * math.sqrt(max(1.0, q.shape[2] / max(1, k.shape[2]))),
         "dv": 0.0,
         "lse": 1.0,
-        **{f"acc:{o}": n for o, n in accumulated_terms(q.shape, k.shape).items()},
+        **{f"acc:{o}": n for o, n in accumulated_terms(q.shape, k.shape, _longest(case.spec.cu_seqlens_q),
+                                                         _longest(case.spec.cu_seqlens_k)).items()},
         **{f"ftz:{o}": f for o, f in ftz_floors(q.shape, k.shape, v.shape[-1], abs(scale), q_max, k_max, v_max,
                                                     dropout_p=float(case.spec.dropout_p or 0.0)).items()},
     }
 
 
-def accumulated_terms(q_shape, k_shape) -> dict:
+def accumulated_terms(q_shape, k_shape, longest_q: Optional[int] = None, longest_k: Optional[int] = None) -> dict:
     """Per output, how many terms a kernel sums into one element (tolerances.ACC_U): out, the LSE and dQ over a row's
-    keys, dK and dV over the queries that see a key (Lq times the GQA group), dsinks over a head's rows."""
-    lq, lk = q_shape[2], k_shape[2]
+    keys, dK and dV over the queries that see a key (Lq times the GQA group), dsinks over every row of a head.
+    longest_q / longest_k: a varlen case's longest segments (its packed length spans all of them)."""
+    lq, lk = longest_q or q_shape[2], longest_k or k_shape[2]
     rows = lq * max(1, q_shape[1] // max(1, k_shape[1]))
-    return {"out": lk, "lse": lk, "dq": lk, "dk": rows, "dv": rows, "dsinks": q_shape[0] * lq}
+    return {"out": lk, "lse": lk, "dq": lk, "dk": rows, "dv": rows, "dsinks": q_shape[0] * q_shape[2]}
+
+
+def _longest(cu) -> Optional[int]:
+    """The longest segment of cu_seqlens (None without)."""
+    if cu is None:
+        return None
+    c = torch.as_tensor(cu).reshape(-1).tolist()
+    return max((b - a for a, b in zip(c, c[1:])), default=0)
 
 
 # float32's smallest normal number. A kernel that forms P in float32 with flush-to-zero arithmetic (the GPU's fast

@@ -61,11 +61,16 @@ def test_the_accumulation_term_is_acc_u_sqrt_n_u_relative_to_the_reference_not_t
     assert tolerance_for("out", "float8_e4m3fn", **floors_of(mags, "out")).acc_norm == 0  # fp8: its calibrated rule
     assert accumulated_terms((2, 8, 5, 16), (2, 2, 300, 16)) == {"out": 300, "lse": 300, "dq": 300, "dk": 20,
                                                                  "dv": 20, "dsinks": 10}
+    # varlen: a row sums its own segment's keys, not the packed length
+    assert accumulated_terms((1, 4, 60, 16), (1, 4, 90, 16), 25, 40) == {"out": 40, "lse": 40, "dq": 40, "dk": 25,
+                                                                         "dv": 25, "dsinks": 60}
 
 
 def test_a_sequential_float32_kernel_passes_at_long_keys_without_a_baseline_to_lean_on():
     case = av.build_case(av.CaseRecipe(**LONG, seed=0))
     assert magnitudes(case)["acc:out"] == 8192
+    varlen = av.build_case(av.CaseRecipe(len_q=30, len_k=50, head_dim=8, seqlens_q=[10, 20], seqlens_k=[35, 15]))
+    assert magnitudes(varlen)["acc:out"] == 35 and magnitudes(varlen)["acc:dv"] == 20
     r = av.check(SEQUENTIAL, case, backward=False, baseline=False)
     assert r.passed, [(c.name, c.rel_l2, c.tol_norm) for c in r.comparisons]
     out = next(c for c in r.comparisons if c.name == "out")
