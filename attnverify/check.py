@@ -285,9 +285,14 @@ def check(
         else:
             try:
                 comps += _check_grads(adapter, jcase, q, k, v, out, lse, j_keep, gen, tol, lse_ign, outputs, cache, twin)
-            except Exception as e:  # out of memory in the backward: an error, as in the forward (out_of_memory)
-                return CheckResult(adapter.name, case, "error", error="backward: " + _format_exc(e),
-                                   seconds=time.perf_counter() - t0)
+            except Exception as e:
+                if not out_of_memory(e):  # the judge's own failure: not the adapter's to carry
+                    raise
+                # out of memory in the backward: an error (as in the forward), unless the forward already failed
+                fwd_failed = not all(c.passed for c in comps)
+                notes.append(f"backward not judged: it ran out of device memory ({type(e).__name__})")
+                return CheckResult(adapter.name, case, "failed" if fwd_failed else "error", comps, notes=notes,
+                                   error="backward: " + _format_exc(e), seconds=time.perf_counter() - t0)
     # an append writes k_new / v_new into the caches in place: they must then be what cache_after says, the rest as given
     k_exp, v_exp = (case.k, case.v) if spec.k_new is None else cache_after(case.k, case.v, spec)
     after_bad = [n for n, b, t in zip("qkv", (case.q, k_exp, v_exp), (q, k, v)) if not bitwise_equal(b.detach(), t.detach())]

@@ -28,7 +28,8 @@ def magnitudes(case: Case) -> dict:
     if case.spec.cache_seqlens is not None:
         per_batch = [magnitudes(Case(case.q[b:b + 1], kb, vb, plain_spec(case.spec, b), seed=case.seed))
                      for b, (kb, vb) in enumerate(cache_keys(case.k, case.v, case.spec))]
-        return {key: max(m[key] for m in per_batch) for key in per_batch[0]}
+        if per_batch:
+            return {key: max(m[key] for m in per_batch) for key in per_batch[0]}
     q, k, v, _ = descaled(case.q.detach(), case.k.detach(), case.v.detach(), case.spec)  # float64, descales applied
 
     def fin(t):
@@ -64,12 +65,13 @@ def magnitudes(case: Case) -> dict:
 
 
 def accumulated_terms(q_shape, k_shape, longest_q: Optional[int] = None, longest_k: Optional[int] = None) -> dict:
-    """Per output, how many terms a kernel sums into one element (tolerances.ACC_U): out, the LSE and dQ over a row's
-    keys, dK and dV over the queries that see a key (Lq times the GQA group), dsinks over every row of a head.
-    longest_q / longest_k: a varlen case's longest segments (its packed length spans all of them)."""
+    """Per output, how many terms a kernel sums into one element (tolerances.ACC_NORM_U): out and dQ over a row's keys,
+    dK and dV over the queries that see a key (Lq times the GQA group), dsinks over every row of a head; not the LSE
+    (its sum's relative error moves it absolutely, far inside its floor). longest_q / longest_k: a varlen case's
+    longest segments (its packed length spans all of them)."""
     lq, lk = longest_q or q_shape[2], longest_k or k_shape[2]
     rows = lq * max(1, q_shape[1] // max(1, k_shape[1]))
-    return {"out": lk, "lse": lk, "dq": lk, "dk": rows, "dv": rows, "dsinks": q_shape[0] * q_shape[2]}
+    return {"out": lk, "dq": lk, "dk": rows, "dv": rows, "dsinks": q_shape[0] * q_shape[2]}
 
 
 def _longest(cu) -> Optional[int]:

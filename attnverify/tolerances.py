@@ -72,17 +72,20 @@ BASELINE_FACTOR = {"out": 2.0, "lse": 2.0, "dq": 4.0, "dk": 4.0, "dv": 4.0}
 FLOOR_SCALE = {"float32": 4.0, "float64": 16.0}
 # Coefficient of u_acc * S (largest |score|) in the effective unit roundoff.
 SCORE_U = 4.0
-# Accumulation length. Each output is a sum over many terms (out and the LSE over a row's keys, dQ over the keys, dK and
-# dV over the queries that see a key). Summed in sequence (an FMA chain, as a GPU's IEEE float32 dot does it), n float32
-# terms of one sign err ~0.3 sqrt(n) u_acc relative to the sum (numpy emulation, mean(V) 10: Lk = 6,976 median
-# 1.6e-6, max 3.0e-6 of 8 draws; summed per 64-key tile and the tiles in sequence, 1.6e-7); terms of mixed signs
-# (mean(V) 0) keep their partial sums small and err far less. The wide types' constant floor (FLOOR_SCALE u) does not
-# grow with n, and the H200's thorough run met it (the bundled kernel's float32 lse_merge at Lk = 6,976: its two calls
-# 2.05e-6 apart). So every bound gains ACC_U * u_acc * sqrt(n) relative to the reference's own size, never to the
-# scale floor: element-wise times |ref_i|, norm-wise times ||ref|| / max(||ref||, s sqrt(n)) (u_acc: float32's,
-# float64's for float64 inputs; fp8 keeps its calibrated rule). A bound at mean(V) 0, where the floor s dominates,
-# hardly moves, so an answer wrong by more than sequential rounding still fails there.
-ACC_U = 1.0
+# Accumulation length. Each output is a sum over many terms (out over a row's keys, dQ over the keys, dK and dV over
+# the queries that see a key). Summed in sequence (an FMA chain, as a GPU's IEEE float32 dot does it), n float32 terms
+# of one sign err ~0.3 sqrt(n) u_acc relative to the sum: a key-by-key float32 kernel at mean(V) 10, norm-wise 0.32-0.35
+# sqrt(n) u over 4,096 outputs (Lk = 2,048 and 8,192), up to 0.6 over 16 (numpy, Lk = 6,976), element-wise at most
+# 1.45 sqrt(n) u |ref_i|; summed per 64-key tile and the tiles in sequence, ~10x less. Terms of mixed signs (mean(V)
+# 0) keep their partial sums small and err far less. The wide types' constant floor (FLOOR_SCALE u) does not grow
+# with n: on an H100 (2026-12-05) the bundled kernel's float32 decode (Lq = 1, Lk = 8,192) erred 1.76x and 1.14x the
+# bound, where cuBLAS's naive summed more accurately than the kernel. So every bound gains u_acc sqrt(n) relative to
+# the reference's own size, never to the scale floor: element-wise ACC_ELEM_U x that x |ref_i|, norm-wise ACC_NORM_U
+# x that x ||ref|| / max(||ref||, s sqrt(n)) (u_acc: float32's, float64's for float64 inputs; fp8 keeps its own
+# calibrated rule). The LSE takes none: a relative error e of the sum l moves log(l) by e absolutely, far inside
+# its floor (a key-by-key kernel's LSE sat at 0.18 of it at Lk = 8,192).
+ACC_NORM_U = 1.0
+ACC_ELEM_U = 4.0
 # Per-case rule (half inputs): the floor is this many times the expected error of rounding the
 # reference itself to the output dtype. A correct kernel's error is that rounding plus the rounding
 # of P (about as large on diffuse rows), so it sits near sqrt(2) x expected rounding; 3 leaves room for
@@ -149,7 +152,7 @@ class Tolerance:
     scale_floor: float = 0.0  # lower bound for s, the tensor's scale, from the inputs' magnitudes
     # per query row (B, H, Lq): elem_u * u from each row's own score bound (rows_at), else None
     row_coef: Optional[torch.Tensor] = field(default=None, compare=False, repr=False)
-    # the accumulation term (ACC_U), relative to the reference's own size: element-wise acc_elem * |ref_i|, norm-wise
+    # the accumulation term (ACC_NORM_U, ACC_ELEM_U), relative to the reference's own size: element-wise acc_elem * |ref_i|, norm-wise
     # acc_norm * ||ref|| / (the norm's denominator); see norm_at
     acc_norm: float = 0.0
     acc_elem: float = 0.0
@@ -202,12 +205,12 @@ def _score_term(dtype, score_max):
 
 
 def _acc_term(dtype, terms) -> float:
-    """ACC_U * u_acc * sqrt(terms): the relative error of summing `terms` values in sequence (0 for fp8, or without
-    terms)."""
+    """u_acc * sqrt(terms): the scale of the relative error of summing `terms` values in sequence (0 for fp8, or
+    without terms)."""
     name = dtype_name(dtype)
     if name in FP8_DTYPES or not terms or terms <= 1:
         return 0.0
-    return ACC_U * UNIT_ROUNDOFF["float64" if name == "float64" else "float32"] * math.sqrt(float(terms))
+    return UNIT_ROUNDOFF["float64" if name == "float64" else "float32"] * math.sqrt(float(terms))
 
 
 def _widened_u(output: str, dtype, score) -> float:
@@ -301,8 +304,8 @@ def tolerance_for(
     compared carry an implementation's rounding (an adapter's output held to another of its own outputs), so their
     errors against the exact answer add up: the u-floors (norm and element-wise) are doubled, the baseline terms
     (the same pair computed by the baseline) are not. `acc_terms` (magnitudes' "acc:<output>"): how many terms the
-    output sums; the bound gains ACC_U * u_acc * sqrt(acc_terms) relative to the reference's size (ACC_U; also
-    doubled for two sides)."""
+    output sums; the bound gains u_acc * sqrt(acc_terms) relative to the reference's size, times ACC_NORM_U norm-wise
+    and ACC_ELEM_U element-wise (doubled for two sides)."""
     if output not in OUTPUTS:
         raise ValueError(f"tolerance_for(output={output!r}): use one of {OUTPUTS}")
     if not loosen >= 1.0:
@@ -338,4 +341,4 @@ def tolerance_for(
         scale_floor = max(scale_floor, sides * ftz_floor / (norm * loosen))
     acc = _acc_term(dtype, acc_terms) * sides * loosen
     return Tolerance(output, dtype_name(dtype), norm * loosen, elem_u * fs * loosen, u, floor * loosen, scale_floor,
-                     acc_norm=NORM_U[output] * acc, acc_elem=ELEM_U[output] * acc)
+                     acc_norm=ACC_NORM_U * acc, acc_elem=ACC_ELEM_U * acc)

@@ -11,7 +11,7 @@ not admit it passes only where the same-dtype baseline happens to err as much.
 
 Per adapter, Lk, Lq, mean(V) and seed: out's rel L2 against the float64 reference, its norm-wise bound (check's),
 the ratio, the baseline's (naive in float32 on the same inputs) own error, and the ratio to the bound before the
-accumulation term (tolerances.ACC_U): max(the constant floor, 2 x naive's error), and to the constant floor alone. Forward only, float32, D = 16,
+accumulation term (tolerances.ACC_NORM_U): max(the constant floor, 2 x naive's error), and to the constant floor alone. Forward only, float32, D = 16,
 q and k of std 0.2 (small scores: the score term of the bound stays small, so the u-floor and the baseline decide).
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
                         except Exception as e:  # an unclaimed shape: say so, go on
                             print(f"{a.name} Lk={lk} Lq={lq}: {type(e).__name__}: {str(e)[:120]}")
                             break
-                        # the bound before tolerances.ACC_U: the constant floor, or twice naive's own error
+                        # the bound before the accumulation term: the constant floor, or twice naive's own error
                         mags = magnitudes(case)
                         const = tolerance_for("out", "float32", score_max=mags["S"], scale_floor=mags["out"]).norm
                         try:  # naive claims up to 8,192 keys: beyond, the old bound had no baseline term either
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
                                            old_ratio=c.rel_l2 / old if old else 0.0, const_ratio=c.rel_l2 / const)
                                 print(f"{a.name:16s} Lk={lk:6d} Lq={lq:3d} mean(V)={vm:4.1f} seed={seed} out rel L2 "
                                       f"{c.rel_l2:.3g} bound {c.tol_norm:.3g} ratio {row['ratio']:.3f} "
-                                      f"{'ok' if c.passed else 'FAILED'}; naive {naive_rel:.3g}, before ACC_U "
+                                      f"{'ok' if c.passed else 'FAILED'}; naive {naive_rel:.3g}, before the accumulation term "
                                       f"{row['old_ratio']:.3f} (constant floor alone {row['const_ratio']:.3f})", flush=True)
                             rows.append(row)
     worst = {}

@@ -48,3 +48,26 @@ def test_any_other_backward_exception_is_still_a_failure():
                  build_case(CaseRecipe(len_q=5, len_k=7, head_dim=16, dtype="float32")))
     assert r.status == "failed"
     assert any("backward raised ValueError" in p for c in r.comparisons for p in c.problems)
+
+
+def test_a_wrong_forward_still_fails_when_the_backward_runs_out_of_memory():
+    naive = get("naive")
+
+    @av.adapter("half-off-then-oom", register=False, dtypes=("float32",), backward=True)
+    def a(q, k, v, spec):
+        return _Raise.apply(naive(q, k, v, spec).out * 0.5, RuntimeError("CUDA error: out of memory"))
+
+    r = av.check(a, build_case(CaseRecipe(len_q=5, len_k=7, head_dim=16, dtype="float32")))
+    assert r.status == "failed" and any(c.name == "out" and not c.passed for c in r.comparisons)
+    assert any("ran out of device memory" in n for n in r.notes)
+
+
+def test_the_judges_own_exception_in_the_backward_is_raised_not_blamed_on_the_adapter(monkeypatch):
+    import attnverify.check as check_mod
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug of the judge")
+
+    monkeypatch.setattr(check_mod, "upstream", broken)
+    with pytest.raises(KeyError, match="a bug of the judge"):
+        av.check(get("naive"), build_case(CaseRecipe(len_q=5, len_k=7, head_dim=16, dtype="float32")))

@@ -11,6 +11,7 @@ and zoo members with known bugs, among them a precision bug that only the per-ca
 
     python tests/test_same_verdicts.py --write      # regenerate (only at a commit whose verdicts are trusted)
     python tests/test_same_verdicts.py --write-cpu  # add this CPU's severities (at such a commit)
+    python tests/test_same_verdicts.py --rerecord "why, at which commit"  # after a deliberate change of the rule
 
 A deliberate change of the rule re-records only the severities it moves, each entry marked with "rerecorded" (why,
 at which commit): statuses never change that way.
@@ -136,6 +137,31 @@ def write_cpu(path=FIXTURE):
     return data
 
 
+def rerecord(why: str, path=FIXTURE):
+    """After a deliberate change of the rule: judge every recorded example again; a status that moved stops it
+    (a rule change may move severities, never statuses); each severity that moved on this CPU is re-recorded there,
+    the first machine's `severity` scaled by the same factor (it cannot be judged again here: the cross-CPU check
+    allows 2x), and the row marked "rerecorded" with `why`."""
+    from attnverify.properties import get_property
+
+    data, cpu, moved = _fixture(), _cpu(), 0
+    for r in data:
+        got = _judge(_adapter(r["adapter"]), get_property(r["property"]), r["drawn"])
+        if got["status"] != r["status"]:
+            raise SystemExit(f"{r['adapter']} / {r['property']}: status {got['status']} where {r['status']} was recorded")
+        old = r.setdefault("severity_by_cpu", {}).get(cpu)
+        if old is None or _same_severity(got["severity"], old):
+            continue
+        if math.isfinite(old) and old > 0 and math.isfinite(got["severity"]):
+            r["severity"] = r["severity"] * got["severity"] / old
+        r["severity_by_cpu"][cpu] = got["severity"]
+        r["rerecorded"] = "; ".join(x for x in (r.get("rerecorded"), why) if x)
+        moved += 1
+    with open(path, "w") as f:
+        json.dump(data, f, indent=0, default=str)
+    return moved
+
+
 def _fixture():
     with open(FIXTURE) as f:
         return json.load(f)
@@ -223,3 +249,6 @@ if __name__ == "__main__":
     elif "--write-cpu" in sys.argv:
         rows = write_cpu()
         print(f"recorded {_cpu()} severities of {len(rows)} examples in {FIXTURE}")
+    elif "--rerecord" in sys.argv:  # --rerecord "why, at which commit"
+        n = rerecord(sys.argv[sys.argv.index("--rerecord") + 1])
+        print(f"re-recorded {n} severities ({_cpu()}) in {FIXTURE}")

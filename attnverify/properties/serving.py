@@ -57,11 +57,9 @@ def gathered_cases(case: Case) -> List[Case]:
 
 
 def bounds(case: Case) -> Tuple[float, dict]:
-    """(score bound S, magnitude floors) over the keys the call really attends to."""
-    subs = gathered_cases(case)
-    mags = [magnitudes(c) for c in subs]
-    s = max([score_bound(c) for c in subs] or [0.0])
-    return s, {k: max(m[k] for m in mags) for k in mags[0]} if mags else {}
+    """(score bound S, magnitude floors) over the keys the call really attends to (magnitudes gathers a cache case's
+    keys itself)."""
+    return max([score_bound(c) for c in gathered_cases(case)] or [0.0]), magnitudes(case)
 
 
 def judge_pairs(prop, adapter, case: Case, params: dict, pairs_of: Callable[[object, Case], Pairs],
