@@ -4,15 +4,17 @@ by every property that judges against the reference."""
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
 from .case import Case
 from .fp8 import descaled
 from .reference import reference_forward
-from .reference.paged import cache_keys, leftpads, plain_spec
+from .paged import key_lengths
+from .reference.paged import cache_keys, plain_spec
 from .spec import Spec
+from .visibility import segments
 
 
 def magnitudes(case: Case) -> dict:
@@ -57,8 +59,7 @@ def magnitudes(case: Case) -> dict:
         "dk": 0.25 * abs(scale) * dp * rms_q * math.sqrt(max(1.0, q.shape[2] / max(1, k.shape[2]))),
         "dv": 0.0,
         "lse": 1.0,
-        **{f"acc:{o}": n for o, n in accumulated_terms(q.shape, k.shape, _longest(case.spec.cu_seqlens_q),
-                                                         _longest(case.spec.cu_seqlens_k)).items()},
+        **{f"acc:{o}": n for o, n in accumulated_terms(q.shape, k.shape, *_longest_segments(case.spec)).items()},
         **{f"ftz:{o}": f for o, f in ftz_floors(q.shape, k.shape, v.shape[-1], abs(scale), q_max, k_max, v_max,
                                                     dropout_p=float(case.spec.dropout_p or 0.0)).items()},
     }
@@ -74,12 +75,12 @@ def accumulated_terms(q_shape, k_shape, longest_q: Optional[int] = None, longest
     return {"out": lk, "dq": lk, "dk": rows, "dv": rows, "dsinks": q_shape[0] * q_shape[2]}
 
 
-def _longest(cu) -> Optional[int]:
-    """The longest segment of cu_seqlens (None without)."""
-    if cu is None:
-        return None
-    c = torch.as_tensor(cu).reshape(-1).tolist()
-    return max((b - a for a, b in zip(c, c[1:])), default=0)
+def _longest_segments(spec: Spec) -> Tuple[Optional[int], Optional[int]]:
+    """A varlen case's longest query and key segments ((None, None) for a dense case)."""
+    if not spec.is_varlen:
+        return None, None
+    segs = segments(spec.cu_seqlens_q, spec.cu_seqlens_k)
+    return max((q1 - q0 for q0, q1, _, _ in segs), default=0), max((k1 - k0 for _, _, k0, k1 in segs), default=0)
 
 
 # float32's smallest normal number. A kernel that forms P in float32 with flush-to-zero arithmetic (the GPU's fast
@@ -139,12 +140,9 @@ def _additive_bias(spec: Spec) -> bool:
 def key_length(case: Case) -> int:
     """The most keys a row of the case attends to, before masks: Lk, or for a KV-cache case (whose k is the cache,
     (N, S, Hkv, D)) the longest batch's cached keys plus the appended ones."""
-    s = case.spec
-    if s.cache_seqlens is None:
+    if case.spec.cache_seqlens is None:
         return int(case.k.shape[2])
-    new = 0 if s.k_new is None else int(s.k_new.shape[2])
-    return max((c - p + new for c, p in zip(torch.as_tensor(s.cache_seqlens).reshape(-1).tolist(), leftpads(s))),
-               default=0)
+    return max(key_lengths(case.spec), default=0)
 
 
 def row_levels(case: Case, ref_lse: torch.Tensor) -> Optional[torch.Tensor]:
