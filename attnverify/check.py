@@ -16,6 +16,7 @@ from .baseline_stats import baseline_stats
 from .callable_module import make_callable
 from .case import Case
 from .compare import Comparison, compare
+from .device_memory import says_out_of_memory
 from .fp8 import is_fp8
 from .judge_twin import judged_case, judged_on, on_judge, twin_note, upstream
 from .magnitudes import magnitudes, row_levels
@@ -418,8 +419,7 @@ def out_of_memory(e: BaseException) -> bool:
     GPU shared by 19 judging processes the thorough run's backward OOMs were "MISMATCH ... backward raised
     OutOfMemoryError" failures, shrunk like a bug (H100, 2026-12-05)."""
     oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
-    text = str(e).lower()
-    return (oom is not None and isinstance(e, oom)) or "out of memory" in text or "alloc_failed" in text
+    return (oom is not None and isinstance(e, oom)) or says_out_of_memory(str(e))
 
 
 def _format_exc(e: BaseException) -> str:

@@ -38,7 +38,7 @@ import time
 import traceback
 from typing import Any, Dict, Optional
 
-from . import timesplit
+from . import device_memory, timesplit
 from .properties.base import ExampleResult, device_fault
 
 DEFAULT_TIMEOUT = 60.0
@@ -151,7 +151,7 @@ def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None,
         t0 = time.perf_counter()
         timesplit.begin()
         try:
-            res = objects[pkey].run_example(objects[akey], drawn)
+            res = device_memory.judge(objects[pkey], objects[akey], drawn)
             if not isinstance(res, ExampleResult):
                 raise TypeError(f"{type(objects[pkey]).__name__}.run_example returned {type(res).__name__}, not ExampleResult")
             d = res.to_dict()
@@ -454,7 +454,7 @@ class InProcessRunner:
         t0 = time.perf_counter()
         timesplit.begin()
         try:
-            res = prop.run_example(adapter, drawn)
+            res = device_memory.judge(prop, adapter, drawn)
         except Exception as e:  # noqa: BLE001
             res = ExampleResult(False, message="".join(traceback.format_exception(type(e), e, e.__traceback__)[-8:]),
                                 severity=1e30, status="error")

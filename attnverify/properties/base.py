@@ -28,6 +28,7 @@ class ExampleResult:
     # where the example's seconds went, phase -> seconds (attnverify.timesplit: draw, transfer, case,
     # adapter, compile, reference, baseline, compare, ...), filled by the runner and the driver
     split: dict = field(default_factory=dict)
+    retried: int = 0  # how often it was judged again after running out of device memory (attnverify.device_memory)
 
     def __post_init__(self):
         if not self.status:
@@ -37,7 +38,7 @@ class ExampleResult:
         return {
             "passed": self.passed, "message": self.message, "severity": self.severity,
             "records": self.records, "case": self.case, "status": self.status, "seconds": self.seconds,
-            "split": self.split,
+            "split": self.split, **({"retried": self.retried} if self.retried else {}),
         }
 
     @classmethod
@@ -45,7 +46,7 @@ class ExampleResult:
         return cls(**{k: v for k, v in d.items() if k in _FIELDS})
 
 
-_FIELDS = ("passed", "message", "severity", "records", "case", "status", "seconds", "split")
+_FIELDS = ("passed", "message", "severity", "records", "case", "status", "seconds", "split", "retried")
 
 
 class Property:
