@@ -15,8 +15,11 @@
 # Memory: every worker holds its own CUDA context and thorough cases (lengths to 8,192, batch to 32). On an 80 GB H100
 # (2026-12-05) 19 processes (W_FAST=7, 6 slow properties x 2 seeds) ran out of device memory in 233 of 4,668 examples
 # (shrunk as failures where the backward raised it, before check called that an error); naive and the float64
-# reference at W_FAST=5 x 2 adapters, 232 of 8,333. The defaults keep to 10 processes (one seed of 1,000 per slow
-# property: it then runs until T, whatever it reaches).
+# reference at W_FAST=5 x 2 adapters, 232 of 8,333. The defaults keep to 14 processes (one seed of 1,000 per slow
+# property: it then runs until T, whatever it reaches). A worker judges one property to its end: with fewer workers
+# than FAST properties the last ones may never start before T (2026-12-05, session 11: 3 of 8 at W_FAST=4), so
+# W_FAST is one per fast property. Since session 11 an example out of memory is judged again after its process
+# returns its cache (attnverify/device_memory.py); on an 80 GB card 11-14 processes still ran out in ~1% before it.
 set -u
 OUT=${OUT:-/tmp/thorough}; mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTEST_PLUGINS=${PYTEST_PLUGINS-attnverify.plugin} PYTHONUNBUFFERED=1
@@ -27,7 +30,7 @@ FAST=${FAST:-"sinks_paged or sink_as_extra_key or kv_cache_append or mla_latent_
 SLOW=${SLOW:-"paged_equals_contiguous kv_cache_leftpad batch_invariance split_invariance fp8_matches_reference descale_linearity"}
 SEEDS=${SEEDS:-"11"}
 PER_SEED=${PER_SEED:-1000}
-W_FAST=${W_FAST:-4}
+W_FAST=${W_FAST:-8}
 W_SLOW=${W_SLOW:-1}
 DEVICE=${DEVICE:-cuda}
 W=$(mktemp -d /tmp/thorough.XXXXXX)
