@@ -148,7 +148,7 @@ def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None,
         if msg is None:
             break
         pkey, akey, drawn = msg
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # also `t_recv`: the driver's clock is the same (timesplit.transfer_parts)
         timesplit.begin()
         try:
             res = device_memory.judge(objects[pkey], objects[akey], drawn)
@@ -163,6 +163,7 @@ def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None,
         if not d.get("seconds"):
             d["seconds"] = d["judge_seconds"]
         d = _blame_lost_context(d)
+        d["t_recv"], d["t_send"] = t0, time.perf_counter()
         try:
             conn.send(d)
         except Exception as e:  # unpicklable records: send what can be sent
@@ -312,6 +313,7 @@ class SubprocessRunner:
             if cuda_initialised():  # checked before every fork, restarts included
                 return self._in_process(prop, adapter, drawn)
             self._start()
+        t_sent = time.perf_counter()
         try:
             self._conn.send((pk, ak, drawn))
         except (BrokenPipeError, OSError):
@@ -323,12 +325,14 @@ class SubprocessRunner:
         d = self._answer(prop, adapter, drawn, t0)
         if isinstance(d, ExampleResult):
             return d
-        wall = time.perf_counter() - t0
+        t_got = time.perf_counter()
+        wall = t_got - t0
         if device_fault(d.get("message") or ""):
             self._stop()  # the child exits after a device fault (its CUDA context is lost): wait for it here,
             # so the next example starts a fresh child instead of being sent to one that is leaving
         res = ExampleResult.from_dict(d)
-        res.split = {**res.split, "transfer": max(0.0, wall - float(d.get("judge_seconds") or 0.0))}
+        res.split = {**res.split, "transfer": max(0.0, wall - float(d.get("judge_seconds") or 0.0)),
+                     **timesplit.transfer_parts(t_sent, d, t_got)}
         return res
 
     def _answer(self, prop, adapter, drawn, t0: float):

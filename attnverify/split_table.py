@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, List, Optional
 
-from .timesplit import JUDGE_PHASES, PHASES
+from .timesplit import JUDGE_PHASES, PARTS, PHASES
 
 
 def split_rows(records: List[dict]) -> List[dict]:
@@ -34,7 +34,7 @@ def split_rows(records: List[dict]) -> List[dict]:
             row["phases"]["unsplit"] += float(rec.get("seconds") or 0.0)
     out = []
     for key, row in rows.items():
-        summed = sum(row["phases"].values())
+        summed = sum(v for k, v in row["phases"].items() if k not in PARTS)
         wall = walls.get(key) or summed
         row["wall"] = wall
         row["per_s"] = row["examples"] / wall if wall > 0 else 0.0
@@ -66,11 +66,11 @@ def split_table(records: List[dict], *, per: str = "ms") -> str:
     rows.sort(key=lambda r: (str(r["adapter"]), str(r["property"])))
     if len(rows) > 1:
         rows.append(_totals(rows))
-    cols = [p for p in PHASES + ("unsplit",) if any(r["phases"].get(p) for r in rows)]
+    cols = [p for p in PHASES + ("unsplit",) + PARTS if any(r["phases"].get(p) for r in rows)]
     head = ["adapter", "property", "examples", "wall s", "examples/s"] + cols
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        summed = sum(r["phases"].values()) or 1.0
+        summed = sum(v for k, v in r["phases"].items() if k not in PARTS) or 1.0
         if per == "ms":
             cells = [f"{1000.0 * r['phases'].get(p, 0.0) / max(1, r['examples']):.1f}" for p in cols]
         else:

@@ -22,6 +22,16 @@ Phases, in seconds (each second counted once: a phase entered inside another pau
 
 `phase(name)` is a no-op unless an example is being timed (`begin` ... `take`), so library code can
 wrap its parts unconditionally; the cost is two perf_counter calls per phase.
+
+Parts of a phase (journaled beside the phases, never added to the total: they are inside their phase):
+
+    draw.strategy        of `draw`: attnverify's case strategies (their Hypothesis draws, the claim probe), the
+                         rest of `draw` being Hypothesis's engine between examples (database, targeting, Pareto
+                         front, generation bookkeeping)
+    transfer.to_judge    of `transfer`: the draw pickled, piped and unpickled, until the judging child has it
+    transfer.judge_tail  of `transfer`: the child after its judge (the result to a dict, the context check)
+    transfer.from_judge  of `transfer`: the result pickled, piped and unpickled, until the driver has it
+                         (the rest of `transfer`: a judging child started for this example)
 """
 from __future__ import annotations
 
@@ -32,6 +42,7 @@ from contextlib import contextmanager
 from typing import Dict, List, Optional
 
 PHASES = ("draw", "journal", "transfer", "case", "adapter", "compile", "reference", "baseline", "compare", "other")
+PARTS = ("draw.strategy", "transfer.to_judge", "transfer.judge_tail", "transfer.from_judge")
 JUDGE_PHASES = ("case", "adapter", "compile", "reference", "baseline", "compare", "other")
 
 _stack: Optional[List[list]] = None  # [[name, started], ...] while an example is timed
@@ -135,8 +146,43 @@ def _wait_device(name: str) -> None:
 
 
 def rounded(split: Dict[str, float]) -> Dict[str, float]:
-    """The journal's form: seconds to 0.1 ms, phases in PHASES order."""
-    return {k: round(split[k], 4) for k in PHASES if split.get(k)}
+    """The journal's form: seconds to 0.1 ms, phases in PHASES order, then their PARTS."""
+    return {k: round(split[k], 4) for k in PHASES + PARTS if split.get(k)}
+
+
+_strategy = {"seconds": 0.0, "depth": 0}
+
+
+@contextmanager
+def strategy_clock():
+    """Around a case strategy's body (inside its `st.composite` function): its time, outermost use only, adds
+    to `strategy_seconds()` (the driver books the difference between two examples to `draw.strategy`)."""
+    _strategy["depth"] += 1
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _strategy["depth"] -= 1
+        if not _strategy["depth"]:
+            _strategy["seconds"] += time.perf_counter() - t0
+
+
+def strategy_seconds() -> float:
+    """Seconds this process has spent in `strategy_timed` functions so far."""
+    return _strategy["seconds"]
+
+
+def transfer_parts(parent_sent: float, child: dict, parent_got: float) -> Dict[str, float]:
+    """`transfer`'s parts from the driver's clock (before its send, after its receive) and the child's
+    (`t_recv`, `t_send`, `judge_seconds` in its answer). perf_counter is one system-wide monotonic clock on
+    Linux and macOS; where the numbers do not fit one clock (a part below zero), no parts."""
+    try:
+        t_recv, t_send, judge = float(child["t_recv"]), float(child["t_send"]), float(child["judge_seconds"])
+    except (KeyError, TypeError, ValueError):
+        return {}
+    parts = {"transfer.to_judge": t_recv - parent_sent, "transfer.judge_tail": t_send - t_recv - judge,
+             "transfer.from_judge": parent_got - t_send}
+    return parts if min(parts.values()) >= -1e-4 else {}
 
 
 # ------------------------------------------------------------------------------ compile hooks

@@ -17,6 +17,7 @@ from attnverify.properties import get_property
 from attnverify.properties.base import ExampleResult, Property
 from attnverify.properties.driver import PropertyFailed, run_property
 from attnverify.split_table import split_rows, split_table
+from attnverify.timesplit import PARTS, PHASES
 
 pytestmark = [
     pytest.mark.skipif(not hasattr(os, "fork"), reason="crash isolation forks; this platform has no fork"),
@@ -136,21 +137,38 @@ def test_every_result_carries_its_time_split_and_the_table_reads_it(tmp_path):
     j.write({"event": "test_end", "property": prop.name, "adapter": tp_eager.name, "seconds": 2.0})
     results = [rec for rec in read_journal(str(tmp_path)) if rec["event"] == "result"]
     assert results
-    gaps = []
+    gaps, rests = [], []
     for rec in results:
         split = rec["split"]
         assert {"draw", "transfer", "adapter", "reference", "compare"} <= set(split), split
-        judged = sum(v for k, v in split.items() if k not in ("draw", "journal", "transfer"))
+        judged = sum(v for k, v in split.items() if k not in ("draw", "journal", "transfer") + PARTS)
         gaps.append((abs(judged - rec["seconds"]) - 0.05 * rec["seconds"], judged, rec["seconds"]))
+        # transfer's parts, on the driver's and the child's clocks, are within transfer (each rounded to 0.1 ms);
+        # the rest is a child being started (the first example)
+        parts = [split[k] for k in PARTS if k.startswith("transfer.") and k in split]
+        assert all(p >= 0 for p in parts) and sum(parts) <= split["transfer"] + 5e-4, split
+        rests.append(split["transfer"] - sum(parts))
+        assert split.get("draw.strategy", 0.0) <= split["draw"] + 1e-4, split
     # the judge's phases are its seconds, split (rounded to 0.1 ms each; the child's own bookkeeping aside): on the
     # median example to 2 ms, on every one to 50 ms (a loaded 2-core machine preempted one example's bookkeeping
     # for 10 ms between the two clocks, 2026-12-05)
     gaps.sort()
     assert gaps[len(gaps) // 2][0] <= 0.002 and gaps[-1][0] <= 0.05, gaps
+    assert sorted(rests)[len(rests) // 2] <= 5e-4, rests
+    # the strategy's part of the draw is measured where examples were drawn (the corpus ones are given)
+    assert any(rec["split"].get("draw.strategy", 0.0) > 0 for rec in results)
+    assert sum(1 for rec in results if "transfer.to_judge" in rec["split"]) >= len(results) - 1
     (row,) = split_rows(read_journal(str(tmp_path)))
     assert row["examples"] == len(results) and row["wall"] == 2.0 and row["per_s"] == len(results) / 2.0
     table = split_table(read_journal(str(tmp_path)))
     assert "| tp_eager | forward_matches_reference |" in table and "adapter" in table.splitlines()[0]
+    # parts are columns of their own, never counted twice in the shares
+    assert "transfer.to_judge" in table.splitlines()[0]
+    shares = split_table(read_journal(str(tmp_path)), per="share").splitlines()
+    cols = [c.strip() for c in shares[0].strip("|").split("|")]
+    cells = [c.strip() for c in shares[2].strip("|").split("|")]
+    phase_cells = [float(x.rstrip("%")) for c, x in zip(cols[5:], cells[5:]) if c in PHASES + ("unsplit",)]
+    assert sum(phase_cells) == pytest.approx(100, abs=len(PHASES)) and "transfer.to_judge" in cols[5:]
     with pytest.raises(ValueError, match="per="):
         split_table([], per="seconds")
 

@@ -22,7 +22,7 @@ from hypothesis import example, given, seed as hyp_seed, target
 from hypothesis.errors import Unsatisfiable
 
 from ..origin import display_path as _rel
-from ..timesplit import rounded
+from ..timesplit import rounded, strategy_seconds
 from .base import ExampleResult, Property
 from .profiles import DEFAULT_PROFILE, MAX_BUGS, hypothesis_settings
 
@@ -174,7 +174,7 @@ def _search(excluded, round_i, *, prop, adapter, profile, seed, max_examples, de
         run.corpus = len(corpus)
     state = {"last_fail": None, "n": 0, "first": None, "failing": {}}
     budget = shrink_budget_s if shrink_budget_s is not None else SHRINK_BUDGET_S.get(profile, 60.0)
-    t_round = time.perf_counter()
+    t_round, s_round = time.perf_counter(), strategy_seconds()
 
     def body(drawn):
         if state["first"] is not None and time.perf_counter() - t_round - state["first"][1] > budget:
@@ -188,7 +188,8 @@ def _search(excluded, round_i, *, prop, adapter, profile, seed, max_examples, de
         run.examples += 1
         idx = run.examples
         t1 = time.perf_counter()
-        split = {"draw": t1 - state.get("t_out", t_round)}  # in Hypothesis since the last example (timesplit)
+        split = {"draw": t1 - state.get("t_out", t_round),  # in Hypothesis since the last example (timesplit)
+                 "draw.strategy": strategy_seconds() - state.get("s_out", s_round)}
         if journal is not None:
             journal({"event": "case_start", "property": prop.name, "adapter": adapter.name, "profile": profile,
                      "index": idx, "drawn": drawn})
@@ -221,9 +222,9 @@ def _search(excluded, round_i, *, prop, adapter, profile, seed, max_examples, de
                     on_first_failure(idx, time.perf_counter() - t0)
             state["last_fail"] = (drawn, res)
             state["failing"][json.dumps(drawn, sort_keys=True, default=str)] = res
-            state["t_out"] = time.perf_counter()
+            state["t_out"], state["s_out"] = time.perf_counter(), strategy_seconds()
             raise _ExampleFailed(res.message)
-        state["t_out"] = time.perf_counter()
+        state["t_out"], state["s_out"] = time.perf_counter(), strategy_seconds()
 
     test = given(st_)(body)
     for ex in reversed(corpus):  # decorators apply bottom-up: keep the corpus order

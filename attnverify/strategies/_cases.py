@@ -13,6 +13,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from ..case import CaseRecipe, build_case, build_probe
+from ..timesplit import strategy_clock
 from ._args import InvalidArgument, check_choice, check_int, check_order, check_tristate, resolve
 from ._profiles import profile_limits
 from ._shapes import head_dim_candidates, interesting_lengths, seqlens
@@ -238,6 +239,11 @@ def _fm_sources(claims, causal_t, tri) -> Tuple[str, ...]:
 
 @st.composite
 def _case(draw, cfg: _Cfg, head_dims: Tuple[int, ...]):
+    with strategy_clock():  # draw.strategy of the time split (attnverify.timesplit)
+        return _draw_case(draw, cfg, head_dims)
+
+
+def _draw_case(draw, cfg: _Cfg, head_dims: Tuple[int, ...]):
     claims, lim = cfg.adapter.claims, cfg.limits
     min_len = resolve(draw, cfg.min_len)
     max_len = resolve(draw, cfg.max_len)

@@ -16,6 +16,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from ..case import CaseRecipe, build_probe
+from ..timesplit import strategy_clock
 from ._args import InvalidArgument, check_tristate
 from ._cases import DTYPE_ORDER, note_refusal
 from ._profiles import profile_limits
@@ -83,6 +84,11 @@ def _flag(draw, arg, claimed: bool, den: int) -> bool:
 
 @st.composite
 def _cache_case(draw, a, lim, dev, kinds, dtypes, hd, append, num_splits, min_batch, distinct, feats):
+    with strategy_clock():  # draw.strategy of the time split (attnverify.timesplit)
+        return _draw_cache_case(draw, a, lim, dev, kinds, dtypes, hd, append, num_splits, min_batch, distinct, feats)
+
+
+def _draw_cache_case(draw, a, lim, dev, kinds, dtypes, hd, append, num_splits, min_batch, distinct, feats):
     c = a.claims
     paged = draw(st.sampled_from(kinds))
     dtype = draw(st.sampled_from(dtypes))
