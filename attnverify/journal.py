@@ -47,7 +47,11 @@ Per event:
         split       {phase: seconds}, where the example's time went: draw, journal, transfer, case, adapter,
                     compile, reference, baseline, compare, other (attnverify.timesplit; phases without
                     time left out; draw and journal only for a crash or timeout, whose judge died with its
-                    timer); benchmarks/time_split.py tabulates it
+                    timer); beside them the parts of a phase (draw.strategy, transfer.to_judge,
+                    transfer.judge_tail, transfer.from_judge: inside their phase, not added to it);
+                    benchmarks/time_split.py tabulates it
+        retried     int, only when > 0: judged again that often after running out of device memory
+                    (attnverify.device_memory)
         case        Case.to_dict() | null: id, seed, describe, shapes, dtype, device, recipe
     test_end    (one per (property, adapter) pytest item)
         property, adapter, test
