@@ -86,12 +86,16 @@ def out_of_memory_error(res) -> bool:
     return getattr(res, "status", None) == "error" and says_out_of_memory(getattr(res, "message", ""))
 
 
-def judge(prop, adapter, drawn):
-    """`prop.run_example(adapter, drawn)`, judged again after running out of device memory (module doc)."""
+def judge(prop, adapter, drawn, on_retry=None):
+    """`prop.run_example(adapter, drawn)`, judged again after running out of device memory (module doc).
+    `on_retry(n)` is called before the n-th retry and its wait (the forked judge tells its driver, whose
+    per-example timeout then starts again: each try, with its wait, has the whole limit)."""
     t0 = time.perf_counter()
     res = prop.run_example(adapter, drawn)
     tries = 0
     while out_of_memory_error(res) and tries < RETRIES:
+        if on_retry is not None:
+            on_retry(tries + 1)  # the wait below is the retry's
         release_cache()
         time.sleep(BACKOFF_S[min(tries, len(BACKOFF_S) - 1)])
         tries += 1

@@ -46,6 +46,9 @@ DEFAULT_TIMEOUT = 60.0
 COMPILE_EVENT = "__attnverify_compile__"
 # seconds one compile may take before the child is taken for hung (the per-example timeout pauses while it runs)
 COMPILE_CAP = 600.0
+# the judging child's message that it judges the example again after running out of device memory
+# (attnverify.device_memory): not an answer; the per-example timeout starts again for the new try
+RETRY_EVENT = "__attnverify_oom_retry__"
 
 
 def signal_name(signum: int) -> str:
@@ -151,7 +154,8 @@ def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None,
         t0 = time.perf_counter()  # also `t_recv`: the driver's clock is the same (timesplit.transfer_parts)
         timesplit.begin()
         try:
-            res = device_memory.judge(objects[pkey], objects[akey], drawn)
+            res = device_memory.judge(objects[pkey], objects[akey], drawn,
+                                      on_retry=lambda n: conn.send({RETRY_EVENT: n}))
             if not isinstance(res, ExampleResult):
                 raise TypeError(f"{type(objects[pkey]).__name__}.run_example returned {type(res).__name__}, not ExampleResult")
             d = res.to_dict()
@@ -357,6 +361,9 @@ class SubprocessRunner:
             except (EOFError, OSError, ConnectionResetError):
                 code = self._stop(kill=True)
                 return self._dead(prop, adapter, drawn, time.perf_counter() - t0, exitcode=code)
+            if isinstance(d, dict) and RETRY_EVENT in d:
+                deadline = None if limit is None else time.perf_counter() + limit
+                continue
             if not (isinstance(d, dict) and COMPILE_EVENT in d):
                 return d
             now = time.perf_counter()

@@ -147,3 +147,35 @@ def test_a_file_adapter_out_of_memory_once_passes_through_the_cli(tmp_path):
     results = [r for r in rows if r.get("event") == "result"]
     assert results and all(r["status"] == "passed" for r in results)
     assert [r.get("retried", 0) for r in results].count(1) == 1 and sum(r.get("retried", 0) for r in results) == 1
+
+
+class _SlowOomOnce:
+    """Each try takes 0.7 s; the first runs out of memory."""
+
+    name = "slow-oom-once"
+
+    def __init__(self):
+        self.calls = 0
+
+    def run_example(self, adapter, drawn):
+        import time
+
+        time.sleep(0.7)
+        self.calls += 1
+        return ExampleResult(**(_oom() if self.calls == 1 else dict(passed=True, severity=0.1)))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the forked judge needs os.fork")
+def test_each_try_has_the_whole_per_example_timeout_in_the_forked_judge(monkeypatch):
+    """About 1.7 s in all (two tries of 0.7 s, a 0.2 s wait and a garbage collection) under a 1.5 s per-example
+    limit: the judge tells its driver before a retry, and the limit starts again; otherwise the retry would end as
+    a `timeout` failure."""
+    from attnverify.isolation import SubprocessRunner
+
+    monkeypatch.setattr(device_memory, "BACKOFF_S", (0.2, 0.2))  # the child is forked with it
+    r = SubprocessRunner(timeout=1.5)
+    try:
+        res = r(_SlowOomOnce(), None, {})
+    finally:
+        r.close()
+    assert (res.status, res.retried) == ("passed", 1), res.message
