@@ -1,34 +1,47 @@
-"""Judging on a GPU that other processes share: an example that ran out of device memory is judged again, and a
-process gives back the memory it cached when the device is crowded.
+"""This process's CUDA state, and judging on a GPU that other processes share: an example that ran out of device
+memory because others hold it is judged again, and a process gives back the memory it cached when the device is
+crowded.
 
 Several judging processes on one GPU (pytest-xdist workers, or runs started side by side) each keep what PyTorch's
-caching allocator took for the largest case they judged. On an 80 GB H100 (2026-12-05) 11 to 19 such processes of
-the thorough profile ran out of memory in 1-3% of their examples: every one an `error` (attnverify.check), none a
-verdict. Two rules, one home:
+caching allocator took for the largest case they judged. On an 80 GB H100 (2026-12-05) 11 to 14 such processes of
+the thorough profile ran out of memory in about 1% of their examples: every one an `error` (attnverify.check), none
+a verdict. Rules, one home:
 
+- `cuda_initialised()`, `lost_context()`: whether this process has started CUDA (then it must not fork), and whether
+  its context still works (a synchronize that raises: the context is lost). Neither imports torch.
 - `judge(prop, adapter, drawn)`: an example whose result is an error that says the device ran out of memory is
   judged again, at most RETRIES times, after this process returns its cached blocks (`gc.collect`,
-  `torch.cuda.empty_cache`) and waits BACKOFF_S seconds for the others. Only such errors are judged again: a pass, a
-  wrong answer, a skip or any other error stands as it came (a wrong forward whose backward then ran out of memory
-  is `failed`: it stands too); an example that runs out of memory every time stays an error, its message saying how
-  often it was tried. The result says how often it was judged again (`ExampleResult.retried`, journaled).
+  `torch.cuda.empty_cache`) and waits BACKOFF_S seconds for the others (booked to the `oom_wait` phase of the time
+  split). Not judged again: a device fault (`properties.base.device_fault`: "CUDA error: out of memory", a Triton
+  launch's "Triton Error [CUDA]: out of memory", after which the project treats the context as lost and the judging
+  child exits) or a context a synchronize finds lost; under ATTNVERIFY_OOM_RETRY=auto (the default) also an example
+  that ran out with the device not crowded by others (other processes hold no more than CROWDED_FREE of it, after
+  this process returned its cache): the case's own size, which a retry would only repeat. `always` judges every
+  such error again (where the others cannot be seen), `never` none. Only such errors: a pass, a wrong answer, a
+  skip or any other error stands as it came (a wrong forward whose backward then ran out of memory is `failed`:
+  it stands too). An example out of memory on every try stays an error saying how often it was tried; one whose
+  retry ends in another error keeps the first try's message beside it. The result says how often it was judged
+  again (`ExampleResult.retried`, journaled).
 - `release_if_crowded()`: after every example, a process with a CUDA context returns its cached blocks when the
   device's free memory is under CROWDED_FREE of the whole and the process itself holds more than KEEP_BYTES
   (reserved by the allocator): what one process cached for a large case goes back to the others before they need
-  it. Alone on a GPU, free memory stays high and nothing is released (the next example reuses the cache).
-
-Nothing here imports torch or touches a device unless this process has already initialised CUDA.
+  it. With the device to itself and room to spare, nothing is released (the next example reuses the cache).
 """
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 
+from .timesplit import phase
+
 RETRIES = 2
 BACKOFF_S = (1.0, 4.0)  # the wait before each retry: the other processes' examples end and give their cache back
-CROWDED_FREE = 0.25  # the device's free memory under this share of its total: crowded
+CROWDED_FREE = 0.25  # free memory under this share of the device: crowded; others holding more than it: crowded by them
 KEEP_BYTES = 1 << 30  # a process holding less than this keeps its cache even on a crowded device
+RETRY_ENV = "ATTNVERIFY_OOM_RETRY"
+RETRY_MODES = ("auto", "always", "never")
 
 
 def says_out_of_memory(text: str) -> bool:
@@ -38,13 +51,35 @@ def says_out_of_memory(text: str) -> bool:
     return "out of memory" in text or "alloc_failed" in text
 
 
-def _torch_cuda():
-    """torch.cuda when this process has initialised CUDA, else None (never imports torch)."""
+def cuda_initialised() -> bool:
+    """Whether this process has initialised CUDA (then forking it is unsafe); never imports torch."""
     t = sys.modules.get("torch")
     try:
-        return t.cuda if t is not None and t.cuda.is_initialized() else None
+        return bool(t is not None and t.cuda.is_initialized())
     except Exception:  # noqa: BLE001 - a torch without CUDA support
-        return None
+        return False
+
+
+def _torch_cuda():
+    """torch.cuda when this process has initialised CUDA, else None (never imports torch)."""
+    return sys.modules["torch"].cuda if cuda_initialised() else None
+
+
+def lost_context() -> str:
+    """'' while this process's CUDA context (if it has one) still works, else the error a synchronize raises.
+
+    An error that does not read as a device fault can leave the context faulted all the same: cuDNN's
+    "mha_graph.execute(...).is_good() ... got false" did, and the next example, built on the dead context,
+    failed with "misaligned address" and was shrunk in its place (H200 re-run of 2026-12-04,
+    docs/compatibility.md F32). Never imports torch."""
+    cuda = _torch_cuda()
+    if cuda is None:
+        return ""
+    try:
+        cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - whatever the runtime raises is the lost context's own error
+        return f"{type(e).__name__}: {e}".strip()
+    return ""
 
 
 def release_cache() -> bool:
@@ -66,6 +101,11 @@ def crowded(free: int, total: int, reserved: int) -> bool:
     return total > 0 and free < CROWDED_FREE * total and reserved > KEEP_BYTES
 
 
+def crowded_by_others(free: int, total: int, reserved: int) -> bool:
+    """Other processes hold more than CROWDED_FREE of the device (all that is neither free nor this process's)."""
+    return total > 0 and total - free - reserved > CROWDED_FREE * total
+
+
 def release_if_crowded() -> bool:
     """Return this process's cached blocks when the device is crowded (module doc). -> whether it did."""
     cuda = _torch_cuda()
@@ -81,30 +121,66 @@ def release_if_crowded() -> bool:
     return True
 
 
+def retry_mode() -> str:
+    """ATTNVERIFY_OOM_RETRY, read now: auto (the default), always or never."""
+    mode = os.environ.get(RETRY_ENV, "auto").strip().lower() or "auto"
+    if mode not in RETRY_MODES:
+        raise ValueError(f"{RETRY_ENV}={os.environ.get(RETRY_ENV)!r}: use one of {', '.join(RETRY_MODES)} "
+                         f"(auto: judge an out-of-memory example again when other processes crowd the device)")
+    return mode
+
+
 def out_of_memory_error(res) -> bool:
     """An error ExampleResult (not a verdict) that says the device ran out of memory."""
     return getattr(res, "status", None) == "error" and says_out_of_memory(getattr(res, "message", ""))
 
 
+def _worth_another_try(res, mode: str) -> bool:
+    """After this process returned its cache: whether the out-of-memory error `res` may go otherwise now."""
+    from .properties.base import device_fault
+
+    if mode == "never" or device_fault(res.message) or lost_context():
+        return False
+    if mode == "always":
+        return True
+    cuda = _torch_cuda()
+    if cuda is None:
+        return False  # no device of this process's to look at: nothing says the others are to blame
+    try:
+        free, total = cuda.mem_get_info()
+        return crowded_by_others(free, total, cuda.memory_reserved())
+    except Exception:  # noqa: BLE001 - a lost context
+        return False
+
+
 def judge(prop, adapter, drawn, on_retry=None):
     """`prop.run_example(adapter, drawn)`, judged again after running out of device memory (module doc).
-    `on_retry(n)` is called before the n-th retry and its wait (the forked judge tells its driver, whose
-    per-example timeout then starts again: each try, with its wait, has the whole limit)."""
+    `on_retry(n)` is called before the n-th retry's wait and again after it (the forked judge tells its driver,
+    whose per-example timeout then starts again: each try has the whole limit, the wait not counted)."""
     t0 = time.perf_counter()
     res = prop.run_example(adapter, drawn)
-    tries = 0
+    mode = retry_mode() if out_of_memory_error(res) else "never"
+    tries, first = 0, getattr(res, "message", "")
     while out_of_memory_error(res) and tries < RETRIES:
         if on_retry is not None:
-            on_retry(tries + 1)  # the wait below is the retry's
-        release_cache()
-        time.sleep(BACKOFF_S[min(tries, len(BACKOFF_S) - 1)])
+            on_retry(tries + 1)
+        with phase("oom_wait"):
+            release_cache()
+            if not _worth_another_try(res, mode):
+                break
+            time.sleep(BACKOFF_S[min(tries, len(BACKOFF_S) - 1)])
+        if on_retry is not None:
+            on_retry(tries + 1)
         tries += 1
         res = prop.run_example(adapter, drawn)
     if tries and hasattr(res, "retried"):
         res.retried = tries
         res.seconds = time.perf_counter() - t0
+        waited = f"{sum(BACKOFF_S[:tries]):g} s"
         if out_of_memory_error(res):
-            res.message = (f"out of device memory on each of {tries + 1} tries (this process's cache returned and "
-                           f"{sum(BACKOFF_S[:tries]):g} s waited between them)\n" + res.message)
+            res.message += (f"\n(out of device memory on each of {tries + 1} tries: this process's cache returned "
+                            f"and {waited} waited between them)")
+        elif res.status == "error":
+            res.message += f"\n(the first try ran out of device memory: {first.strip().splitlines()[0][:300]})"
     release_if_crowded()
     return res

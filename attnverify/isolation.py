@@ -39,6 +39,7 @@ import traceback
 from typing import Any, Dict, Optional
 
 from . import device_memory, timesplit
+from .device_memory import cuda_initialised, lost_context  # noqa: F401 - this module's names too (tests patch them)
 from .properties.base import ExampleResult, device_fault
 
 DEFAULT_TIMEOUT = 60.0
@@ -64,35 +65,6 @@ def fork_available() -> bool:
     import multiprocessing as mp
 
     return hasattr(os, "fork") and "fork" in mp.get_all_start_methods()
-
-
-def cuda_initialised() -> bool:
-    """Whether this process has initialised CUDA (then forking it is unsafe); never imports torch."""
-    import sys
-
-    t = sys.modules.get("torch")
-    try:
-        return bool(t is not None and t.cuda.is_initialized())
-    except Exception:
-        return False
-
-
-def lost_context() -> str:
-    """'' while this process's CUDA context (if it has one) still works, else the error a synchronize raises.
-
-    An error that does not read as a device fault can leave the context faulted all the same: cuDNN's
-    "mha_graph.execute(...).is_good() ... got false" did, and the next example, built on the dead context,
-    failed with "misaligned address" and was shrunk in its place (H200 re-run of 2026-12-04,
-    docs/compatibility.md F32). Never imports torch."""
-    if not cuda_initialised():
-        return ""
-    import sys
-
-    try:
-        sys.modules["torch"].cuda.synchronize()
-    except Exception as e:  # noqa: BLE001 - whatever the runtime raises is the lost context's own error
-        return f"{type(e).__name__}: {e}".strip()
-    return ""
 
 
 def _blame_lost_context(d: dict) -> dict:

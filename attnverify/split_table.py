@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, List, Optional
 
-from .timesplit import JUDGE_PHASES, PARTS, PHASES
+from .timesplit import JUDGE_PHASES, PARTS, PHASES, total
 
 
 def split_rows(records: List[dict]) -> List[dict]:
@@ -34,7 +34,7 @@ def split_rows(records: List[dict]) -> List[dict]:
             row["phases"]["unsplit"] += float(rec.get("seconds") or 0.0)
     out = []
     for key, row in rows.items():
-        summed = sum(v for k, v in row["phases"].items() if k not in PARTS)
+        summed = total(row["phases"])
         wall = walls.get(key) or summed
         row["wall"] = wall
         row["per_s"] = row["examples"] / wall if wall > 0 else 0.0
@@ -70,7 +70,7 @@ def split_table(records: List[dict], *, per: str = "ms") -> str:
     head = ["adapter", "property", "examples", "wall s", "examples/s"] + cols
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        summed = sum(v for k, v in r["phases"].items() if k not in PARTS) or 1.0
+        summed = total(r["phases"]) or 1.0
         if per == "ms":
             cells = [f"{1000.0 * r['phases'].get(p, 0.0) / max(1, r['examples']):.1f}" for p in cols]
         else:

@@ -18,6 +18,8 @@ Phases, in seconds (each second counted once: a phase entered inside another pau
     baseline   the same-dtype eager baseline that sets the per-case tolerance (attnverify.check._baseline,
                the naive side of a metamorphic property)
     compare    comparing outputs with their expectation (attnverify.compare)
+    oom_wait   after running out of device memory: returning this process's cache and waiting before the
+               example is judged again (attnverify.device_memory)
     other      the rest of the judge's time (tolerances, magnitudes, unclaimed checks, results to dicts)
 
 `phase(name)` is a no-op unless an example is being timed (`begin` ... `take`), so library code can
@@ -25,10 +27,11 @@ wrap its parts unconditionally; the cost is two perf_counter calls per phase.
 
 Parts of a phase (journaled beside the phases, never added to the total: they are inside their phase):
 
-    draw.strategy        of `draw`: attnverify's case strategies (their Hypothesis draws, the claim probe), the
-                         rest of `draw` being Hypothesis's engine between examples (database, targeting, Pareto
-                         front, generation bookkeeping)
-    transfer.to_judge    of `transfer`: the draw pickled, piped and unpickled, until the judging child has it
+    draw.strategy        of `draw`: attnverify's case strategies (their Hypothesis draws, the claim probe); the
+                         rest of `draw` is Hypothesis's engine between examples (database, targeting, Pareto
+                         front, generation bookkeeping) and the properties' own parameter draws around the case
+    transfer.to_judge    of `transfer`: the draw pickled, piped and unpickled, until the judging child has it (on
+                         a child's first example also the rest of its warm-up, which it finishes first)
     transfer.judge_tail  of `transfer`: the child after its judge (the result to a dict, the context check)
     transfer.from_judge  of `transfer`: the result pickled, piped and unpickled, until the driver has it
                          (the rest of `transfer`: a judging child started for this example)
@@ -41,9 +44,10 @@ import time
 from contextlib import contextmanager
 from typing import Dict, List, Optional
 
-PHASES = ("draw", "journal", "transfer", "case", "adapter", "compile", "reference", "baseline", "compare", "other")
+PHASES = ("draw", "journal", "transfer", "case", "adapter", "compile", "reference", "baseline", "compare", "oom_wait",
+          "other")
 PARTS = ("draw.strategy", "transfer.to_judge", "transfer.judge_tail", "transfer.from_judge")
-JUDGE_PHASES = ("case", "adapter", "compile", "reference", "baseline", "compare", "other")
+JUDGE_PHASES = ("case", "adapter", "compile", "reference", "baseline", "compare", "oom_wait", "other")
 
 _stack: Optional[List[list]] = None  # [[name, started], ...] while an example is timed
 _acc: Dict[str, float] = {}
@@ -143,6 +147,11 @@ def _wait_device(name: str) -> None:
             t.cuda.synchronize()
     except Exception:  # noqa: BLE001 - a device fault is the example's to report, not the timer's
         pass
+
+
+def total(split: Dict[str, float]) -> float:
+    """An example's seconds from its split: its phases summed, never their parts (each is inside its phase)."""
+    return sum(float(v) for k, v in split.items() if k not in PARTS)
 
 
 def rounded(split: Dict[str, float]) -> Dict[str, float]:

@@ -16,6 +16,9 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from attnverify.timesplit import total  # noqa: E402
+
 
 def _records(path: str):
     if os.path.isdir(path):
@@ -54,8 +57,8 @@ def main(argv=None) -> int:
         print(f"{p}: {d['examples']} examples; draws {d['draws']}; verdicts {d['verdicts']}")
         print(f"  mean ms, first {len(head)} / the rest: " + ", ".join(
             f"{k} {mean(head, k):.1f} / {mean(rest, k):.1f}" for k in phases))
-        print(f"  sum s, first {len(head)} / the rest: {sum(mean(head, k) for k in phases) * len(head) / 1000:.2f} / "
-              f"{sum(mean(rest, k) for k in phases) * len(rest) / 1000:.2f}")
+        print(f"  sum s (phases, not their parts), first {len(head)} / the rest: "
+              f"{sum(total(s) for s in head):.2f} / {sum(total(s) for s in rest):.2f}")
     return 0
 
 

@@ -36,33 +36,105 @@ class _Scripted:
         return ExampleResult(**r)
 
 
-def _oom():
-    return dict(passed=False, message=OOM, severity=1e30, status="error")
+class _FakeCuda:
+    """torch.cuda as device_memory reads it: a device of 80 GiB, `free` of it free, `reserved` held here."""
+
+    def __init__(self, free_gib, reserved_gib, lost=False):
+        self.free, self.reserved, self.lost, self.emptied = int(free_gib * GIB), int(reserved_gib * GIB), lost, 0
+
+    def mem_get_info(self):
+        return self.free, 80 * GIB
+
+    def memory_reserved(self):
+        return self.reserved
+
+    def empty_cache(self):
+        self.emptied += 1
+        self.free, self.reserved = self.free + self.reserved, 0
+
+    def synchronize(self):
+        if self.lost:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+GIB = 1 << 30
+
+
+def _oom(text=OOM):
+    return dict(passed=False, message=text, severity=1e30, status="error")
 
 
 @pytest.fixture(autouse=True)
 def _no_waiting(monkeypatch):
     monkeypatch.setattr(device_memory, "BACKOFF_S", (0.0, 0.0))
+    monkeypatch.delenv("ATTNVERIFY_OOM_RETRY", raising=False)
 
 
-def test_an_out_of_memory_error_is_judged_again_and_its_verdict_counts():
+@pytest.fixture
+def gpu(monkeypatch):
+    """A fake CUDA device that other processes crowd: 8 of 80 GiB free, 2 GiB cached by this process."""
+    cuda = _FakeCuda(free_gib=8, reserved_gib=2)
+    monkeypatch.setattr(device_memory, "_torch_cuda", lambda: cuda)
+    return cuda
+
+
+def test_an_out_of_memory_error_is_judged_again_after_the_cache_is_returned(gpu):
     prop = _Scripted(_oom(), dict(passed=True, severity=0.3))
+    emptied_at_call = []
+    run = prop.run_example
+    prop.run_example = lambda a, d: (emptied_at_call.append(gpu.emptied), run(a, d))[1]
     res = device_memory.judge(prop, None, {})
     assert (res.status, res.retried, prop.calls) == ("passed", 1, 2)
+    assert emptied_at_call == [0, 1]  # the cache went back before the second try
     assert res.to_dict()["retried"] == 1 and ExampleResult.from_dict(res.to_dict()).retried == 1
 
 
-def test_the_retry_can_fail_a_wrong_answer_found_after_an_out_of_memory_error():
+def test_the_retry_can_fail_a_wrong_answer_found_after_an_out_of_memory_error(gpu):
     prop = _Scripted(_oom(), dict(passed=False, message="out: MISMATCH", severity=7.0))
     res = device_memory.judge(prop, None, {})
     assert (res.status, res.severity, res.retried) == ("failed", 7.0, 1)
 
 
-def test_an_example_out_of_memory_every_time_stays_an_error_that_says_so():
+def test_an_example_out_of_memory_every_time_stays_an_error_that_says_so(gpu):
     prop = _Scripted(_oom())
     res = device_memory.judge(prop, None, {})
     assert res.status == "error" and prop.calls == device_memory.RETRIES + 1 == 3
-    assert res.message.startswith("out of device memory on each of 3 tries") and OOM in res.message
+    assert res.message.startswith(OOM) and "(out of device memory on each of 3 tries" in res.message
+
+
+def test_a_retry_that_ends_in_another_error_keeps_the_first_message(gpu):
+    prop = _Scripted(_oom(), _oom("[k] ERROR: ... forward: RuntimeError: shape mismatch"))
+    res = device_memory.judge(prop, None, {})
+    assert res.status == "error" and "shape mismatch" in res.message
+    assert "the first try ran out of device memory: [k] ERROR" in res.message
+
+
+@pytest.mark.parametrize("case", ["device-fault", "lost-context", "not-crowded", "no-cuda", "never"])
+def test_no_retry_where_a_retry_cannot_help_or_the_context_is_lost(case, monkeypatch):
+    """A device fault's OOM (the judging child exits after it), a context a synchronize finds lost, a device with
+    room (the case's own size: a retry repeats it), no CUDA to look at, or ATTNVERIFY_OOM_RETRY=never."""
+    cuda = {"device-fault": _FakeCuda(8, 2), "lost-context": _FakeCuda(8, 2, lost=True),
+            "not-crowded": _FakeCuda(70, 2), "no-cuda": None, "never": _FakeCuda(8, 2)}[case]
+    monkeypatch.setattr(device_memory, "_torch_cuda", lambda: cuda)
+    if case == "never":
+        monkeypatch.setenv("ATTNVERIFY_OOM_RETRY", "never")
+    text = "[k] ERROR: ... forward: RuntimeError: Triton Error [CUDA]: out of memory" if case == "device-fault" else OOM
+    prop = _Scripted(_oom(text), dict(passed=True))
+    res = device_memory.judge(prop, None, {})
+    assert (res.status, res.retried, prop.calls) == ("error", 0, 1) and res.message == text
+
+
+def test_always_judges_again_where_the_others_cannot_be_seen(monkeypatch):
+    monkeypatch.setattr(device_memory, "_torch_cuda", lambda: None)
+    monkeypatch.setenv("ATTNVERIFY_OOM_RETRY", "always")
+    prop = _Scripted(_oom(), dict(passed=True))
+    assert device_memory.judge(prop, None, {}).retried == 1
+
+
+def test_a_bad_retry_setting_names_the_variable(monkeypatch):
+    monkeypatch.setenv("ATTNVERIFY_OOM_RETRY", "sometimes")
+    with pytest.raises(ValueError, match="ATTNVERIFY_OOM_RETRY='sometimes'.*auto, always, never"):
+        device_memory.judge(_Scripted(_oom()), None, {})
 
 
 @pytest.mark.parametrize("result", [
@@ -71,17 +143,27 @@ def test_an_example_out_of_memory_every_time_stays_an_error_that_says_so():
     dict(passed=False, message="the property raised ValueError: unsupported head dim", severity=1e30, status="error"),
     dict(passed=True, message="not claimed", status="skipped"),
 ], ids=["pass", "wrong-answer", "other-error", "skip"])
-def test_anything_else_is_judged_once(result):
+def test_anything_else_is_judged_once(result, gpu):
     prop = _Scripted(result, dict(passed=True))
     res = device_memory.judge(prop, None, {})
     assert prop.calls == 1 and res.retried == 0 and res.status == ExampleResult(**result).status
     assert "retried" not in res.to_dict()
 
 
-def test_the_in_process_runner_judges_again_too():
+def test_the_in_process_runner_judges_again_too_and_books_the_wait(gpu):
     prop = _Scripted(_oom(), dict(passed=True))
     res = InProcessRunner()(prop, None, {})
     assert (res.status, res.retried, prop.calls) == ("passed", 1, 2)
+    assert "oom_wait" in res.split  # the cache returned and the wait: not `other`
+
+
+@pytest.mark.parametrize("free_gib,reserved_gib,emptied", [(5, 4, 1), (5, 0.5, 0), (40, 30, 0)],
+                         ids=["crowded-and-holding", "crowded-holding-little", "room"])
+def test_after_each_example_a_crowded_device_gets_the_cache_back(free_gib, reserved_gib, emptied, monkeypatch):
+    cuda = _FakeCuda(free_gib, reserved_gib)
+    monkeypatch.setattr(device_memory, "_torch_cuda", lambda: cuda)
+    device_memory.judge(_Scripted(dict(passed=True)), None, {})
+    assert cuda.emptied == emptied
 
 
 @pytest.mark.parametrize("free_gib,reserved_gib,expected", [
@@ -90,8 +172,12 @@ def test_the_in_process_runner_judges_again_too():
     (40, 30, False),  # half the device free: nobody is short
 ])
 def test_the_crowded_rule(free_gib, reserved_gib, expected):
-    g = 1 << 30
-    assert device_memory.crowded(int(free_gib * g), 80 * g, int(reserved_gib * g)) is expected
+    assert device_memory.crowded(int(free_gib * GIB), 80 * GIB, int(reserved_gib * GIB)) is expected
+
+
+def test_crowded_by_others_counts_what_is_neither_free_nor_ours():
+    assert device_memory.crowded_by_others(8 * GIB, 80 * GIB, 2 * GIB)  # others hold 70
+    assert not device_memory.crowded_by_others(8 * GIB, 80 * GIB, 60 * GIB)  # we hold most of it: our own size
 
 
 def test_the_message_rule_is_the_one_check_uses():
@@ -104,7 +190,7 @@ def test_the_message_rule_is_the_one_check_uses():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the cache given back is a device's")
-def test_a_crowded_device_gets_the_cache_back(monkeypatch):
+def test_a_crowded_device_gets_the_cache_back_on_a_gpu(monkeypatch):
     x = torch.empty(1 << 29, dtype=torch.float32, device="cuda")  # 2 GiB
     del x
     assert torch.cuda.memory_reserved() >= 1 << 31
@@ -135,10 +221,11 @@ def test_a_file_adapter_out_of_memory_once_passes_through_the_cli(tmp_path):
     of memory is judged again, passes, and the journal says it was retried."""
     (tmp_path / "oom_first.py").write_text(ADAPTER)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
-               ATTNVERIFY_NO_HTML="1")
+               ATTNVERIFY_NO_HTML="1", ATTNVERIFY_OOM_RETRY="always")  # no GPU here to see the others on
     env.pop("PYTEST_XDIST_WORKER", None)
     res = subprocess.run([sys.executable, "-m", "attnverify.cli", "run", "--adapter", "oom_first.py:oom_first",
-                          "--profile", "ci", "--seed", "1", "-n", "0", "--report", "rep", "-k", "forward_matches_reference"],
+                          "--profile", "ci", "--seed", "1", "-n", "0", "--isolate", "subprocess", "--report", "rep",
+                          "-k", "forward_matches_reference"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
@@ -167,13 +254,14 @@ class _SlowOomOnce:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the forked judge needs os.fork")
 def test_each_try_has_the_whole_per_example_timeout_in_the_forked_judge(monkeypatch):
-    """About 1.7 s in all (two tries of 0.7 s, a 0.2 s wait and a garbage collection) under a 1.5 s per-example
-    limit: the judge tells its driver before a retry, and the limit starts again; otherwise the retry would end as
-    a `timeout` failure."""
+    """About 1.7 s in all (two tries of 0.7 s, a 0.2 s wait and a garbage collection) under a 1.2 s per-example
+    limit: the judge tells its driver around a retry's wait, and the limit starts again; otherwise the retry would
+    end as a `timeout` failure."""
     from attnverify.isolation import SubprocessRunner
 
-    monkeypatch.setattr(device_memory, "BACKOFF_S", (0.2, 0.2))  # the child is forked with it
-    r = SubprocessRunner(timeout=1.5)
+    monkeypatch.setattr(device_memory, "BACKOFF_S", (0.2, 0.2))  # the child is forked with both
+    monkeypatch.setenv("ATTNVERIFY_OOM_RETRY", "always")
+    r = SubprocessRunner(timeout=1.2)
     try:
         res = r(_SlowOomOnce(), None, {})
     finally:

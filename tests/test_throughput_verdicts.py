@@ -322,3 +322,13 @@ def test_a_torch_compile_is_booked_to_compile_on_its_first_call_only():
     assert first.split.get("compile", 0.0) > 0.0, first.split
     assert again.split.get("compile", 0.0) == 0.0 and again.split.get("adapter", 0.0) > 0.0, again.split
     assert first.split["compile"] > again.split["adapter"]  # a trace costs more than the call it makes
+
+
+def test_parts_are_never_added_to_an_examples_seconds():
+    """Without a test_end record the wall is the examples' phases summed: a part (draw.strategy, transfer.*) is
+    inside its phase and is not added again (timesplit.total, the one rule)."""
+    from attnverify.timesplit import total
+
+    split = {"draw": 0.010, "draw.strategy": 0.004, "transfer": 0.002, "transfer.to_judge": 0.001, "adapter": 0.005}
+    (row,) = split_rows([{"event": "result", "adapter": "a", "property": "p", "split": split, "seconds": 0.005}])
+    assert row["wall"] == pytest.approx(0.017) and total(split) == pytest.approx(0.017)
