@@ -267,3 +267,12 @@ def test_each_try_has_the_whole_per_example_timeout_in_the_forked_judge(monkeypa
     finally:
         r.close()
     assert (res.status, res.retried) == ("passed", 1), res.message
+
+
+def test_a_process_holding_little_does_not_ask_the_driver(monkeypatch):
+    """memory_reserved is the allocator's own count; mem_get_info is a driver call, made only when this process
+    holds more than KEEP_BYTES (the dev profile's examples hold far less)."""
+    cuda = _FakeCuda(free_gib=5, reserved_gib=0.5)
+    cuda.mem_get_info = lambda: pytest.fail("mem_get_info called for a process holding 0.5 GiB")
+    monkeypatch.setattr(device_memory, "_torch_cuda", lambda: cuda)
+    assert device_memory.release_if_crowded() is False
