@@ -45,7 +45,7 @@ Per event:
         message     str (for a failure: every failing output);  severity: float, worst error / tolerance
         seconds     float;  records: [CheckResult.to_dict()] the error table of every check made
         split       {phase: seconds}, where the example's time went: draw, journal, transfer, case, adapter,
-                    compile, reference, baseline, compare, other (attnverify.timesplit; phases without
+                    compile, reference, baseline, compare, oom_wait, other (attnverify.timesplit; phases without
                     time left out; draw and journal only for a crash or timeout, whose judge died with its
                     timer); beside them the parts of a phase (draw.strategy, transfer.to_judge,
                     transfer.judge_tail, transfer.from_judge: inside their phase, not added to it);
