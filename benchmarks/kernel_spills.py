@@ -26,11 +26,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def ptxas_path():
-    """Triton's own ptxas that reads its PTX (the Blackwell-era one where the wheel has two), or None."""
+    """The ptxas Triton itself runs for sm_90 (so it reads the PTX Triton writes), or None."""
     try:
         import triton
     except ImportError:
         return None
+    try:  # Triton 3.5+: the tool it compiles sm_90 with
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        p = get_ptxas(90).path
+        if p and os.path.isfile(p):
+            return p
+    except Exception:  # noqa: BLE001 - an older Triton, or its NVIDIA backend missing: look for the binary
+        pass
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     for name in ("ptxas-blackwell", "ptxas"):
         p = os.path.join(bin_dir, name)
