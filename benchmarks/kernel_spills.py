@@ -1,15 +1,17 @@
 """Register spills of the bundled split-KV decode kernel for sm_90, without a GPU: each configuration is compiled
-through the stand-in driver (benchmarks/standin_driver.py) into a fresh Triton cache and its PTX read by Triton's
-own ptxas (`ptxas -v`). A spilled kernel's local memory is reserved at launch for every thread the GPU can hold
-(an H100: 132 SMs x 2,048 threads), so a few KB per thread is a GB a launch, and on a GPU other processes have filled
-the launch fails with "Triton Error [CUDA]: out of memory" (attnverify/kernels/serving.py, decode_tiles).
+through the stand-in driver (benchmarks/standin_driver.py) into a fresh Triton cache, and the cubin Triton built
+(its own ptxas, with its own flags) is read by Triton's bundled `cuobjdump --dump-resource-usage`: registers and
+STACK, the local memory a thread needs. A launch reserves local memory for every thread the GPU can hold (an H100:
+132 SMs x 2,048 threads), so a few hundred bytes a thread is a few hundred MB a launch, and on a GPU other processes
+have filled the launch fails with "Triton Error [CUDA]: out of memory" (attnverify/kernels/serving.py, decode_tiles).
+(Reading the PTX with ptxas -v instead gives other figures: Triton 3.9 passes ptxas flags of its own.)
 
     python benchmarks/kernel_spills.py float32:128:64 float32:64:64 bfloat16:128:64      # dtype:D:query rows per kv head
     python benchmarks/kernel_spills.py float32:128:64:16x64x2                           # tiles forced (BMxBNxSTAGES)
     python benchmarks/kernel_spills.py --json ...                                       # one JSON object per line
 
-Prints per configuration the tiles decode_tiles chose (or the forced ones) and ptxas's stack frame, spill stores and
-spill loads in bytes, and registers. Exit 2 where Triton's NVIDIA backend or its ptxas is missing.
+Prints per configuration the tiles decode_tiles chose (or the forced ones), the stack bytes a thread and the
+registers. Exit 2 where Triton's NVIDIA backend or its cuobjdump is missing.
 """
 from __future__ import annotations
 
@@ -25,26 +27,22 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def ptxas_path():
-    """The ptxas Triton itself runs for sm_90 (so it reads the PTX Triton writes), or None."""
+def cuobjdump_path():
+    """Triton's bundled cuobjdump, or None."""
     try:
         import triton
     except ImportError:
         return None
-    try:  # Triton 3.5+: the tool it compiles sm_90 with
-        from triton.backends.nvidia.compiler import get_ptxas
+    try:
+        from triton import knobs
 
-        p = get_ptxas(90).path
+        p = knobs.nvidia.cuobjdump.path
         if p and os.path.isfile(p):
             return p
-    except Exception:  # noqa: BLE001 - an older Triton, or its NVIDIA backend missing: look for the binary
+    except Exception:  # noqa: BLE001 - an older Triton: look for the binary
         pass
-    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    for name in ("ptxas-blackwell", "ptxas"):
-        p = os.path.join(bin_dir, name)
-        if os.path.isfile(p) and os.access(p, os.X_OK):
-            return p
-    return None
+    p = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return p if os.path.isfile(p) and os.access(p, os.X_OK) else None
 
 
 def _one(dtype: str, d: int, rows: int, tiles) -> dict:
@@ -66,20 +64,15 @@ def _one(dtype: str, d: int, rows: int, tiles) -> dict:
     chosen = serving.decode_tiles(dt, bd, hq // hkv * lq)
     serving.paged_decode(q, kc, vc, torch.tensor([40, 60], dtype=torch.int32), block_table=table, num_splits=2,
                          validate_lengths=False)
-    ptx = [p for p in glob.glob(os.path.join(os.environ["TRITON_CACHE_DIR"], "*", "_decode_partial.ptx"))]
-    if len(ptx) != 1:
-        raise RuntimeError(f"expected one compiled _decode_partial, found {len(ptx)}")
-    r = subprocess.run([ptxas_path(), "-v", "--gpu-name", "sm_90a", ptx[0], "-o", os.devnull],
-                       capture_output=True, text=True)
-    if r.returncode:
-        raise RuntimeError(f"ptxas failed: {r.stderr[-500:]}")
-    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-    regs = re.search(r"Used (\d+) registers", r.stderr)
-    if not m:
-        raise RuntimeError(f"no spill line in ptxas -v: {r.stderr[-500:]}")
-    return {"dtype": dtype, "head_dim": d, "rows": rows, "tiles": list(chosen), "stack_bytes": int(m.group(1)),
-            "spill_stores": int(m.group(2)), "spill_loads": int(m.group(3)),
-            "registers": int(regs.group(1)) if regs else None}
+    cubin = glob.glob(os.path.join(os.environ["TRITON_CACHE_DIR"], "*", "_decode_partial.cubin"))
+    if len(cubin) != 1:
+        raise RuntimeError(f"expected one compiled _decode_partial, found {len(cubin)}")
+    r = subprocess.run([cuobjdump_path(), "--dump-resource-usage", cubin[0]], capture_output=True, text=True)
+    m = re.search(r"REG:(\d+) STACK:(\d+)", r.stdout)
+    if r.returncode or not m:
+        raise RuntimeError(f"cuobjdump: {(r.stdout + r.stderr)[-500:]}")
+    return {"dtype": dtype, "head_dim": d, "rows": rows, "tiles": list(chosen), "stack_bytes": int(m.group(2)),
+            "registers": int(m.group(1))}
 
 
 def _child(spec: str) -> None:
@@ -116,16 +109,16 @@ def main(argv=None) -> int:
     if a.child:
         _child(a.child)
         return 0
-    if ptxas_path() is None:
-        print("kernel_spills: Triton's NVIDIA backend or its ptxas is not installed here", file=sys.stderr)
+    if cuobjdump_path() is None:
+        print("kernel_spills: Triton's NVIDIA backend or its cuobjdump is not installed here", file=sys.stderr)
         return 2
     for spec in a.configs:
         res = measure(spec)
         if a.json:
             print(json.dumps(res))
         else:
-            print(f"{spec:24s} tiles {'x'.join(map(str, res['tiles'])):9s} stack {res['stack_bytes']:5d} B, spill stores "
-                  f"{res['spill_stores']:5d} B, loads {res['spill_loads']:5d} B, {res['registers']} registers")
+            print(f"{spec:24s} tiles {'x'.join(map(str, res['tiles'])):9s} stack {res['stack_bytes']:5d} B a thread, "
+                  f"{res['registers']} registers")
     return 0
 
 

@@ -35,13 +35,13 @@ def decode_tiles(dtype: torch.dtype, block_d: int, rows: int) -> Tuple[int, int,
     """(BLOCK_M, BLOCK_N, num_stages) of the split-KV decode kernel for a head-dim tile `block_d` and `rows` query
     rows per kv head (group * Lq): 64 keys a tile, 2 stages. float32 runs its dots on the CUDA cores
     (input_precision="ieee") with its tiles in registers, and what does not fit spills to local memory, which a launch
-    reserves for every thread the GPU can hold (132 SMs x 2,048 threads on an H100): ptxas -v for sm_90 (Triton
-    3.9's ptxas, 2026-12-05) gave a stack frame of 4,456 bytes per thread at block_d 128 with 16 x 64 tiles (about
-    1.2 GB reserved), 7,384 with 64 x 64, 800 at block_d 64 with 64 x 64 and 392 with 32 x 64. Those launches failed
-    with "Triton Error [CUDA]: out of memory" on GPUs other processes had filled: D = 160 on the H200 (64 x 64
-    tiles, 2026-12-05), and D = 72-111 on an H100 shared by 11-14 processes (26 examples of the thorough run,
-    shrunk to B = 1, Lq = 8). So float32 takes 16 x 16 tiles and 1 stage at block_d > 64 (no spill up to block_d
-    512) and 16 query rows a tile at block_d 64 (no spill); block_d <= 32 keeps 64 x 64 (no spill)."""
+    reserves for every thread the GPU can hold (132 SMs x 2,048 threads on an H100). The cubin Triton 3.9 builds for
+    sm_90 (benchmarks/kernel_spills.py, 2026-12-05) needs 640 bytes of stack a thread at block_d 128 with 16 x 64 tiles
+    (~170 MB a launch), 2,960 with 64 x 64 (~800 MB), 856 at block_d 64 with 64 x 64 and 432 with 32 x 64. Such
+    launches failed with "Triton Error [CUDA]: out of memory" on GPUs other processes had filled: D = 160 on the H200
+    (64 x 64 tiles, 2026-12-05) and D = 72-111 on an H100 shared by 11-14 processes (26 examples of the thorough run,
+    shrunk to B = 1, Lq = 8). So float32 takes 16 x 16 tiles and 1 stage at block_d > 64 (no stack up to block_d 512)
+    and 16 query rows a tile at block_d 64 (none); at block_d <= 32 it keeps bm x 64 (none at 64 x 64)."""
     bm = max(16, min(64, triton_next_pow2(rows)))
     if dtype == torch.float32 and block_d > 64:
         return 16, 16, 1
