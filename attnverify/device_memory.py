@@ -15,9 +15,11 @@ a verdict. Rules, one home:
   split). Not judged again: a device fault (`properties.base.device_fault`: "CUDA error: out of memory", a Triton
   launch's "Triton Error [CUDA]: out of memory", after which the project treats the context as lost and the judging
   child exits) or a context a synchronize finds lost; under ATTNVERIFY_OOM_RETRY=auto (the default) also an example
-  that ran out with the device not crowded by others (other processes hold no more than CROWDED_FREE of it, after
-  this process returned its cache): the case's own size, which a retry would only repeat. `always` judges every
-  such error again (where the others cannot be seen), `never` none. Only such errors: a pass, a wrong answer, a
+  too big for the device whoever else is there: torch's message says at the moment it failed how much it asked
+  for, the device's capacity and this process's use (`fits_without_others`), and where a message has no numbers
+  (cuBLAS's workspace) the others' share is read after this process returned its cache (CROWDED_FREE). `always`
+  judges every such error again but a device fault or a lost context, `never` none. The cache is returned (and
+  booked to `oom_wait`) before that decision, whichever way it goes. Only such errors: a pass, a wrong answer, a
   skip or any other error stands as it came (a wrong forward whose backward then ran out of memory is `failed`:
   it stands too). An example out of memory on every try stays an error saying how often it was tried; one whose
   retry ends in another error keeps the first try's message beside it. The result says how often it was judged
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
 import time
 
@@ -138,6 +141,26 @@ def out_of_memory_error(res) -> bool:
     return getattr(res, "status", None) == "error" and says_out_of_memory(getattr(res, "message", ""))
 
 
+_GIB = {"B": 1 / 2**30, "KiB": 1 / 2**20, "MiB": 1 / 2**10, "GiB": 1.0, "TiB": 2.0**10}
+
+
+def _gib(text: str, pattern: str):
+    m = re.search(pattern + r" ([\d.]+) ?(B|KiB|MiB|GiB|TiB)", text)
+    return float(m.group(1)) * _GIB[m.group(2)] if m else None
+
+
+def fits_without_others(message: str):
+    """From torch's OutOfMemoryError text, at the moment it failed: whether the allocation asked for plus what this
+    process held would fit the device if the other processes held nothing (True: they are to blame; False: the
+    case is too big for the device whoever else is there), or None where the text does not say."""
+    asked = _gib(message, r"Tried to allocate")
+    total = _gib(message, r"total capacity of")
+    mine = _gib(message, r"this process has")  # "Including non-PyTorch memory, this process has X GiB memory in use"
+    if asked is None or total is None:
+        return None
+    return asked + (mine or 0.0) <= total
+
+
 def _worth_another_try(res, mode: str) -> bool:
     """After this process returned its cache: whether the out-of-memory error `res` may go otherwise now."""
     from .properties.base import device_fault
@@ -146,10 +169,13 @@ def _worth_another_try(res, mode: str) -> bool:
         return False
     if mode == "always":
         return True
+    fits = fits_without_others(res.message)
+    if fits is not None:  # torch's own numbers at the moment it failed
+        return fits
     cuda = _torch_cuda()
     if cuda is None:
         return False  # no device of this process's to look at: nothing says the others are to blame
-    try:
+    try:  # no numbers in the message (cuBLAS's workspace): the others' share now
         free, total = cuda.mem_get_info()
         return crowded_by_others(free, total, cuda.memory_reserved())
     except Exception:  # noqa: BLE001 - a lost context
@@ -158,22 +184,22 @@ def _worth_another_try(res, mode: str) -> bool:
 
 def judge(prop, adapter, drawn, on_retry=None):
     """`prop.run_example(adapter, drawn)`, judged again after running out of device memory (module doc).
-    `on_retry(n)` is called before the n-th retry's wait and again after it (the forked judge tells its driver,
-    whose per-example timeout then starts again: each try has the whole limit, the wait not counted)."""
+    `on_retry("wait", n)` is called before the n-th retry's wait and `on_retry("go", n)` after it (the forked judge
+    tells its driver: the wait is not the example's time, and each try has the whole per-example timeout)."""
     t0 = time.perf_counter()
     res = prop.run_example(adapter, drawn)
     mode = retry_mode() if out_of_memory_error(res) else "never"
     tries, first = 0, getattr(res, "message", "")
     while out_of_memory_error(res) and tries < RETRIES:
         if on_retry is not None:
-            on_retry(tries + 1)
+            on_retry("wait", tries + 1)
         with phase("oom_wait"):
             release_cache()
             if not _worth_another_try(res, mode):
                 break
             time.sleep(BACKOFF_S[min(tries, len(BACKOFF_S) - 1)])
         if on_retry is not None:
-            on_retry(tries + 1)
+            on_retry("go", tries + 1)
         tries += 1
         res = prop.run_example(adapter, drawn)
     if tries and hasattr(res, "retried"):

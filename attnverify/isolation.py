@@ -50,6 +50,7 @@ COMPILE_CAP = 600.0
 # the judging child's message that it judges the example again after running out of device memory
 # (attnverify.device_memory): not an answer; the per-example timeout starts again for the new try
 RETRY_EVENT = "__attnverify_oom_retry__"
+RETRY_WAIT_CAP = 60.0  # seconds the wait before a retry (the cache returned, BACKOFF_S) may take
 
 
 def signal_name(signum: int) -> str:
@@ -127,7 +128,7 @@ def _child_main(conn, objects: Dict[int, Any], fault_path: Optional[str] = None,
         timesplit.begin()
         try:
             res = device_memory.judge(objects[pkey], objects[akey], drawn,
-                                      on_retry=lambda n: conn.send({RETRY_EVENT: n}))
+                                      on_retry=lambda step, n: conn.send({RETRY_EVENT: (step, n)}))
             if not isinstance(res, ExampleResult):
                 raise TypeError(f"{type(objects[pkey]).__name__}.run_example returned {type(res).__name__}, not ExampleResult")
             d = res.to_dict()
@@ -333,8 +334,9 @@ class SubprocessRunner:
             except (EOFError, OSError, ConnectionResetError):
                 code = self._stop(kill=True)
                 return self._dead(prop, adapter, drawn, time.perf_counter() - t0, exitcode=code)
-            if isinstance(d, dict) and RETRY_EVENT in d:
-                deadline = None if limit is None else time.perf_counter() + limit
+            if isinstance(d, dict) and RETRY_EVENT in d:  # ("wait", n): the wait gets RETRY_WAIT_CAP; ("go", n): a try
+                cap = RETRY_WAIT_CAP if d[RETRY_EVENT][0] == "wait" else limit
+                deadline, compiling = (None if limit is None else time.perf_counter() + cap), None
                 continue
             if not (isinstance(d, dict) and COMPILE_EVENT in d):
                 return d

@@ -140,6 +140,12 @@ def pytest_configure(config):
     _prewarm_budget(config, s)
     if s.max_bugs is not None and s.max_bugs < 1:
         raise pytest.UsageError(f"--attn-max-bugs={s.max_bugs}: give 1 or more (1 stops at the first failure)")
+    try:  # read again at each out-of-memory error; a bad value is told now, not at the first one
+        from .device_memory import retry_mode
+
+        retry_mode()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
     config.stash[settings_key] = s
     config.pluginmanager.register(_Reporter(s), "attnverify-reporter")
     if config.pluginmanager.hasplugin("xdist"):

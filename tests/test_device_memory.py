@@ -109,6 +109,37 @@ def test_a_retry_that_ends_in_another_error_keeps_the_first_message(gpu):
     assert "the first try ran out of device memory: [k] ERROR" in res.message
 
 
+TORCH_OOM = ("CUDA out of memory. Tried to allocate {asked}. GPU 0 has a total capacity of 79.18 GiB of which 928.75 MiB "
+             "is free. Process 698 has 744.00 MiB memory in use. Including non-PyTorch memory, this process has 4.20 GiB "
+             "memory in use. Of the allocated memory 3.10 GiB is allocated by PyTorch")
+
+
+def test_torch_says_whether_the_case_would_fit_without_the_others():
+    assert device_memory.fits_without_others(TORCH_OOM.format(asked="1.60 GiB")) is True
+    assert device_memory.fits_without_others(TORCH_OOM.format(asked="206.00 MiB")) is True
+    assert device_memory.fits_without_others(TORCH_OOM.format(asked="76.00 GiB")) is False  # 76 + 4.2 > 79.18
+    assert device_memory.fits_without_others("Triton Error [CUDA]: out of memory") is None
+
+
+@pytest.mark.parametrize("asked,retried", [("1.60 GiB", 1), ("76.00 GiB", 0)])
+def test_a_case_too_big_for_the_device_is_not_judged_again(asked, retried, monkeypatch):
+    """The numbers torch gives at the moment it failed decide, not the device's state after (the others may have
+    returned their caches by then): a device with room now does not stop a retry the numbers call for."""
+    cuda = _FakeCuda(free_gib=70, reserved_gib=1)  # not crowded now
+    monkeypatch.setattr(device_memory, "_torch_cuda", lambda: cuda)
+    prop = _Scripted(_oom("[k] ERROR: ... OutOfMemoryError: " + TORCH_OOM.format(asked=asked)), dict(passed=True))
+    assert device_memory.judge(prop, None, {}).retried == retried
+
+
+def test_cublas_out_of_workspace_is_out_of_memory_not_a_device_fault(gpu):
+    from attnverify.properties.base import device_fault
+
+    text = "[k] ERROR: ... RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+    assert not device_fault(text) and device_fault("CUDA error: an illegal memory access was encountered")
+    prop = _Scripted(_oom(text), dict(passed=True))
+    assert device_memory.judge(prop, None, {}).retried == 1
+
+
 @pytest.mark.parametrize("case", ["device-fault", "lost-context", "not-crowded", "no-cuda", "never"])
 def test_no_retry_where_a_retry_cannot_help_or_the_context_is_lost(case, monkeypatch):
     """A device fault's OOM (the judging child exits after it), a context a synchronize finds lost, a device with
@@ -252,27 +283,53 @@ class _SlowOomOnce:
         return ExampleResult(**(_oom() if self.calls == 1 else dict(passed=True, severity=0.1)))
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="the forked judge needs os.fork")
-def test_each_try_has_the_whole_per_example_timeout_in_the_forked_judge(monkeypatch):
-    """About 1.7 s in all (two tries of 0.7 s, a 0.2 s wait and a garbage collection) under a 1.2 s per-example
-    limit: the judge tells its driver around a retry's wait, and the limit starts again; otherwise the retry would
-    end as a `timeout` failure."""
+class _Timed:
+    """Tries of `first` then `then` seconds; the first runs out of memory."""
+
+    name = "timed-oom-once"
+
+    def __init__(self, first, then):
+        self.calls, self.first, self.then = 0, first, then
+
+    def run_example(self, adapter, drawn):
+        import time
+
+        self.calls += 1
+        time.sleep(self.first if self.calls == 1 else self.then)
+        return ExampleResult(**(_oom() if self.calls == 1 else dict(passed=True, severity=0.1)))
+
+
+def _forked(prop, timeout, backoff, monkeypatch):
     from attnverify.isolation import SubprocessRunner
 
-    monkeypatch.setattr(device_memory, "BACKOFF_S", (0.2, 0.2))  # the child is forked with both
+    monkeypatch.setattr(device_memory, "BACKOFF_S", backoff)  # the child is forked with both
     monkeypatch.setenv("ATTNVERIFY_OOM_RETRY", "always")
-    r = SubprocessRunner(timeout=1.2)
+    r = SubprocessRunner(timeout=timeout)
     try:
-        res = r(_SlowOomOnce(), None, {})
+        import time
+
+        t0 = time.perf_counter()
+        return r(prop, None, {}), time.perf_counter() - t0
     finally:
         r.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the forked judge needs os.fork")
+def test_each_try_has_the_whole_per_example_timeout_in_the_forked_judge(monkeypatch):
+    """Two tries of 0.7 s and a 0.2 s wait under a 1.2 s per-example limit: the judge tells its driver around the
+    wait and the limit starts again for the retry; otherwise the retry would end as a `timeout` failure."""
+    res, _ = _forked(_Timed(0.7, 0.7), 1.2, (0.2, 0.2), monkeypatch)
     assert (res.status, res.retried) == ("passed", 1), res.message
 
 
-def test_a_process_holding_little_does_not_ask_the_driver(monkeypatch):
-    """memory_reserved is the allocator's own count; mem_get_info is a driver call, made only when this process
-    holds more than KEEP_BYTES (the dev profile's examples hold far less)."""
-    cuda = _FakeCuda(free_gib=5, reserved_gib=0.5)
-    cuda.mem_get_info = lambda: pytest.fail("mem_get_info called for a process holding 0.5 GiB")
-    monkeypatch.setattr(device_memory, "_torch_cuda", lambda: cuda)
-    assert device_memory.release_if_crowded() is False
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the forked judge needs os.fork")
+def test_the_wait_is_not_the_examples_time_in_the_forked_judge(monkeypatch):
+    """A 1 s wait under a 0.6 s per-example limit, tries of 0.1 s: the wait has its own cap."""
+    res, _ = _forked(_Timed(0.1, 0.1), 0.6, (1.0, 1.0), monkeypatch)
+    assert (res.status, res.retried) == ("passed", 1), res.message
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the forked judge needs os.fork")
+def test_a_retry_that_hangs_meets_the_per_example_timeout_not_the_waits_cap(monkeypatch):
+    res, took = _forked(_Timed(0.1, 30.0), 0.5, (0.1, 0.1), monkeypatch)
+    assert res.status == "timeout" and took < 10, (res.status, took)

@@ -163,6 +163,13 @@ def test_unknown_adapter_is_a_usage_error_listing_known_names(pytester):
     assert "unknown adapter 'nope'" in err and "naive" in err and "sdpa-math" in err and "mine" in err
 
 
+def test_a_bad_oom_retry_setting_is_a_usage_error_at_the_start(pytester, monkeypatch):
+    pytester.makeconftest(MINE_OK)
+    monkeypatch.setenv("ATTNVERIFY_OOM_RETRY", "sometimes")
+    res = pytester.runpytest("--adapter=mine")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR and "ATTNVERIFY_OOM_RETRY='sometimes'" in res.stderr.str()
+
+
 def test_bad_option_values_from_env_and_ini_are_usage_errors(pytester, monkeypatch):
     pytester.makeconftest(MINE_OK)
     monkeypatch.setenv("ATTNVERIFY_PROFILE", "fastest")

@@ -110,5 +110,7 @@ _DEVICE_FAULTS = ("CUDA error", "misaligned address", "illegal memory access", "
 
 def device_fault(text: str) -> bool:
     """Whether an error text is the device's (a fault that loses the process's CUDA context), not an
-    adapter's own argument check."""
-    return any(f in (text or "") for f in _DEVICE_FAULTS)
+    adapter's own argument check. A library that could not allocate its workspace (cuBLAS's
+    CUBLAS_STATUS_ALLOC_FAILED, worded "CUDA error: ..." by torch) is out of memory, not a fault."""
+    text = text or ""
+    return any(f in text for f in _DEVICE_FAULTS) and "_ALLOC_FAILED" not in text
