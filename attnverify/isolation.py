@@ -39,7 +39,6 @@ import traceback
 from typing import Any, Dict, Optional
 
 from . import device_memory, timesplit
-from .device_memory import cuda_initialised, lost_context  # noqa: F401 - this module's names too (tests patch them)
 from .properties.base import ExampleResult, device_fault
 
 DEFAULT_TIMEOUT = 60.0
@@ -72,7 +71,7 @@ def _blame_lost_context(d: dict) -> dict:
     """The result of the example after which the context is lost says so (a device fault: the child then exits)."""
     if device_fault(d.get("message") or ""):
         return d
-    lost = lost_context()
+    lost = device_memory.lost_context()
     if not lost:
         return d
     # "CUDA error" in the note makes it a device fault: the child exits, the next example gets a fresh one
@@ -243,7 +242,7 @@ class SubprocessRunner:
         empty, CUDA started here (no child can be forked), or ATTNVERIFY_JUDGE_WARMUP=0."""
         if self._proc is not None or not plan or os.environ.get("ATTNVERIFY_JUDGE_WARMUP", "1") == "0":
             return
-        if cuda_initialised():
+        if device_memory.cuda_initialised():
             return
         self._warm = list(plan)
         self._start()
@@ -287,7 +286,7 @@ class SubprocessRunner:
         if self._proc is not None and not ({pk, ak} <= self._child_keys and self._proc.is_alive()):
             self._stop()  # a new property/adapter since the fork (or a dead child): fork afresh
         if self._proc is None:
-            if cuda_initialised():  # checked before every fork, restarts included
+            if device_memory.cuda_initialised():  # checked before every fork, restarts included
                 return self._in_process(prop, adapter, drawn)
             self._start()
         t_sent = time.perf_counter()
@@ -295,7 +294,7 @@ class SubprocessRunner:
             self._conn.send((pk, ak, drawn))
         except (BrokenPipeError, OSError):
             self._stop(kill=True)
-            if cuda_initialised():
+            if device_memory.cuda_initialised():
                 return self._in_process(prop, adapter, drawn)
             self._start()
             self._conn.send((pk, ak, drawn))

@@ -91,7 +91,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
     # torch.cuda.is_available() then asks NVML instead of cuInit: forking a judge stays safe
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        from .isolation import cuda_initialised
+        from .device_memory import cuda_initialised
 
         if cuda_initialised():
             early_config.issue_config_time_warning(

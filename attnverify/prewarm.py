@@ -295,7 +295,8 @@ def run_prewarm(pairs, *, profile: str, seed: int, max_examples: Optional[int] =
         return res
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
         raise ValueError(f"run_prewarm(workers={workers!r}): give a number of processes >= 1, or None for every core")
-    from .isolation import cuda_initialised, fork_available
+    from .device_memory import cuda_initialised
+    from .isolation import fork_available
 
     if not fork_available():
         res["note"] = "the pre-warm's pool forks, and this platform cannot fork: nothing done"

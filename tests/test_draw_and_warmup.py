@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hseed
 
 import attnverify as av
-from attnverify.isolation import SubprocessRunner, cuda_initialised
+from attnverify.device_memory import cuda_initialised
+from attnverify.isolation import SubprocessRunner
 from attnverify.judge_warmup import warm_judge, warm_plan
 from attnverify.properties import get_property
 from attnverify.properties.driver import PropertyFailed, run_property

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from attnverify import device_memory
 from attnverify.case import CaseRecipe
 from attnverify.isolation import InProcessRunner, SubprocessRunner, make_runner, signal_name
 from attnverify.properties.base import ExampleResult, Property
@@ -47,7 +48,7 @@ class Adapter:
 
 @pytest.fixture
 def runner():
-    from attnverify.isolation import cuda_initialised
+    from attnverify.device_memory import cuda_initialised
 
     if cuda_initialised():
         # on a GPU machine an earlier test of this pytest worker may have started CUDA; the runner then
@@ -130,9 +131,8 @@ def test_in_process_runner_and_factory():
 def test_cuda_initialised_here_judges_in_process_with_a_warning(runner, monkeypatch):
     # forking a process whose CUDA is initialised gives children that cannot use CUDA: on the H200
     # every isolated example failed so; the runner judges in this process instead, and warns once
-    import attnverify.isolation as iso
 
-    monkeypatch.setattr(iso, "cuda_initialised", lambda: True)
+    monkeypatch.setattr(device_memory, "cuda_initialised", lambda: True)
     with pytest.warns(RuntimeWarning, match="without crash isolation"):
         r1 = runner(Act(), Adapter(), {"do": "pid"})
     r2 = runner(Act(), Adapter(), {"do": "pid"})
@@ -197,11 +197,10 @@ def test_after_a_device_fault_the_next_example_gets_a_fresh_child(runner):
 def test_the_fallback_is_checked_before_every_fork(runner, monkeypatch):
     # a restart (new property object here) forks again: once CUDA is initialised in this process the
     # runner must judge in-process instead of forking a child that cannot use CUDA
-    import attnverify.isolation as iso
 
     first = runner(Act(), Adapter(), {"do": "pid"})
     assert first.passed and first.message != str(os.getpid())  # a child judged it
-    monkeypatch.setattr(iso, "cuda_initialised", lambda: True)
+    monkeypatch.setattr(device_memory, "cuda_initialised", lambda: True)
     with pytest.warns(RuntimeWarning, match="without crash isolation"):
         again = runner(Act(), Adapter(), {"do": "pid"})  # new objects: the child would be replaced
     assert again.passed and again.message == str(os.getpid()) and runner.in_process_fallback == 1
@@ -257,12 +256,11 @@ def test_an_adapter_that_compiles_raises_the_timeout_for_itself_only(monkeypatch
     --attn-timeout does not kill (and so never caches) its first calls; other adapters keep the default."""
     import attnverify as av
 
-    from attnverify import isolation
 
     slow = av.adapter("compiles", register=False, min_timeout=4.0)(lambda q, k, v, spec: q)
     plain = av.adapter("plain", register=False)(lambda q, k, v, spec: q)
     # the children here never touch CUDA: fork even where this test process has initialised it (GPU runs)
-    monkeypatch.setattr(isolation, "cuda_initialised", lambda: False)
+    monkeypatch.setattr(device_memory, "cuda_initialised", lambda: False)
     r = SubprocessRunner(timeout=1.0)
     try:
         assert r.timeout_for(Sleep(), slow) == 4.0 and r.timeout_for(Sleep(), plain) == 1.0
@@ -289,7 +287,6 @@ def test_an_error_that_leaves_the_context_lost_is_blamed_and_the_next_example_ge
     """cuDNN's 'mha_graph.execute(...).is_good()' error reads as no device fault but left the CUDA context lost: the
     next example died building its tensors and was shrunk in its place (H200 re-run, 2026-12-04). The child now
     checks its context after every example: the example that lost it says so and the next one gets a fresh child."""
-    import attnverify.isolation as iso
 
     flag = tmp_path / "lost"
 
@@ -299,7 +296,7 @@ def test_an_error_that_leaves_the_context_lost_is_blamed_and_the_next_example_ge
             return "AcceleratorError: CUDA error: misaligned address"
         return ""
 
-    monkeypatch.setattr(iso, "lost_context", fake_lost)
+    monkeypatch.setattr(device_memory, "lost_context", fake_lost)
     p, a = Act(), Adapter()
     first = runner(p, a, {"do": "pid"}).message
     flag.touch()
@@ -316,6 +313,6 @@ def test_an_error_that_leaves_the_context_lost_is_blamed_and_the_next_example_ge
 
 
 def test_lost_context_is_empty_without_cuda():
-    from attnverify.isolation import lost_context
+    from attnverify.device_memory import lost_context
 
     assert lost_context() == ""  # no CUDA context in this process: nothing to lose, torch not asked

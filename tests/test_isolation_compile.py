@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from attnverify import isolation, timesplit
+from attnverify import device_memory, timesplit
 from attnverify.isolation import SubprocessRunner
 from attnverify.properties.base import ExampleResult, Property
 
@@ -36,7 +36,7 @@ class Adapter:
 
 @pytest.fixture
 def runner(monkeypatch):
-    monkeypatch.setattr(isolation, "cuda_initialised", lambda: False)  # the children never touch CUDA
+    monkeypatch.setattr(device_memory, "cuda_initialised", lambda: False)  # the children never touch CUDA
     r = SubprocessRunner(timeout=1.0)
     yield r
     r.close()
@@ -64,7 +64,7 @@ def test_a_compile_that_never_ends_is_a_timeout_after_the_cap(runner):
 
 
 def test_no_timeout_waits_through_compile_messages(monkeypatch):
-    monkeypatch.setattr(isolation, "cuda_initialised", lambda: False)
+    monkeypatch.setattr(device_memory, "cuda_initialised", lambda: False)
     r = SubprocessRunner(timeout=0)
     try:
         assert r(Compiles(), Adapter(), {"compile": 0.2, "n": 3, "work": 0.2}).passed

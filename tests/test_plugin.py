@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import attnverify as av
-from attnverify import cli
+from attnverify import cli, device_memory
 from attnverify.journal import read_journal
 from attnverify.plugin import gpu_for_worker, pin_worker_gpu, visible_devices
 
@@ -330,9 +330,8 @@ def test_gpu_pinning_logic():
 def test_examples_judged_without_isolation_are_counted_and_reported(pytester, monkeypatch):
     """On the H200 a CUDA context in the driving process silently turned every example into an
     in-process one (no crash isolation); the run must say so, per test in the journal and at the end."""
-    from attnverify import isolation
 
-    monkeypatch.setattr(isolation, "cuda_initialised", lambda: True)  # as if CUDA had started here
+    monkeypatch.setattr(device_memory, "cuda_initialised", lambda: True)  # as if CUDA had started here
     pytester.makeconftest(MINE_OK)
     res = pytester.runpytest_inprocess("--adapter=mine", "-k", "forward_matches_reference", *FAST)
     out = res.stdout.str()

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import attnverify as av
-from attnverify.isolation import SubprocessRunner, cuda_initialised
+from attnverify.device_memory import cuda_initialised
+from attnverify.isolation import SubprocessRunner
 from attnverify.properties import get_property
 from attnverify.properties.base import ExampleResult, Property
 from attnverify.properties.driver import PropertyFailed, run_property
