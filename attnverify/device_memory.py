@@ -18,8 +18,9 @@ a verdict. Rules, one home:
   too big for the device whoever else is there: torch's message says at the moment it failed how much it asked
   for, the device's capacity and this process's use (`fits_without_others`), and where a message has no numbers
   (cuBLAS's workspace) the others' share is read after this process returned its cache (CROWDED_FREE). `always`
-  judges every such error again but a device fault or a lost context, `never` none. The cache is returned (and
-  booked to `oom_wait`) before that decision, whichever way it goes. Only such errors: a pass, a wrong answer, a
+  judges every such error again but a device fault or a lost context, `never` none. What the error's text settles
+  is settled first; only the sampling of the others' share returns the cache (booked to `oom_wait`) before it
+  decides. Only such errors: a pass, a wrong answer, a
   skip or any other error stands as it came (a wrong forward whose backward then ran out of memory is `failed`:
   it stands too). An example out of memory on every try stays an error saying how often it was tried; one whose
   retry ends in another error keeps the first try's message beside it. The result says how often it was judged
@@ -161,17 +162,20 @@ def fits_without_others(message: str):
     return asked + (mine or 0.0) <= total
 
 
-def _worth_another_try(res, mode: str) -> bool:
-    """After this process returned its cache: whether the out-of-memory error `res` may go otherwise now."""
+def _ruled_out(res, mode: str) -> bool:
+    """What says before anything is returned or waited for that a retry of the out-of-memory error `res` cannot go
+    otherwise: `never`, a device fault or a lost context, or torch's numbers showing the case too big for the device."""
     from .properties.base import device_fault
 
     if mode == "never" or device_fault(res.message) or lost_context():
-        return False
-    if mode == "always":
         return True
-    fits = fits_without_others(res.message)
-    if fits is not None:  # torch's own numbers at the moment it failed
-        return fits
+    return mode == "auto" and fits_without_others(res.message) is False
+
+
+def _others_to_blame(res, mode: str) -> bool:
+    """After this process returned its cache (not ruled out): whether the others' memory is why `res` ran out."""
+    if mode == "always" or fits_without_others(res.message):
+        return True  # told to, or torch's own numbers at the moment it failed
     cuda = _torch_cuda()
     if cuda is None:
         return False  # no device of this process's to look at: nothing says the others are to blame
@@ -190,12 +194,12 @@ def judge(prop, adapter, drawn, on_retry=None):
     res = prop.run_example(adapter, drawn)
     mode = retry_mode() if out_of_memory_error(res) else "never"
     tries, first = 0, getattr(res, "message", "")
-    while out_of_memory_error(res) and tries < RETRIES:
+    while out_of_memory_error(res) and tries < RETRIES and not _ruled_out(res, mode):
         if on_retry is not None:
             on_retry("wait", tries + 1)
         with phase("oom_wait"):
             release_cache()
-            if not _worth_another_try(res, mode):
+            if not _others_to_blame(res, mode):
                 break
             time.sleep(BACKOFF_S[min(tries, len(BACKOFF_S) - 1)])
         if on_retry is not None:

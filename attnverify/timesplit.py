@@ -19,7 +19,8 @@ Phases, in seconds (each second counted once: a phase entered inside another pau
                the naive side of a metamorphic property)
     compare    comparing outputs with their expectation (attnverify.compare)
     oom_wait   after running out of device memory: returning this process's cache and waiting before the
-               example is judged again, or only the cache returned where no retry follows (device_memory)
+               example is judged again (attnverify.device_memory; where the device's state decides against a
+               retry, only the cache returned)
     other      the rest of the judge's time (tolerances, magnitudes, unclaimed checks, results to dicts)
 
 `phase(name)` is a no-op unless an example is being timed (`begin` ... `take`), so library code can

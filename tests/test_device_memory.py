@@ -129,6 +129,7 @@ def test_a_case_too_big_for_the_device_is_not_judged_again(asked, retried, monke
     monkeypatch.setattr(device_memory, "_torch_cuda", lambda: cuda)
     prop = _Scripted(_oom("[k] ERROR: ... OutOfMemoryError: " + TORCH_OOM.format(asked=asked)), dict(passed=True))
     assert device_memory.judge(prop, None, {}).retried == retried
+    assert cuda.emptied == retried  # a case ruled out by its numbers costs no cache returned and no wait
 
 
 def test_cublas_out_of_workspace_is_out_of_memory_not_a_device_fault(gpu):
